@@ -1,0 +1,424 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver and
+//! (optionally) kube-controller-manager running its garbage collector and
+//! namespace controllers, all built from the upstream Go modules.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::pki::{CertificateAuthority, ServiceAccountKeys, write_private};
+use crate::process::ManagedProcess;
+use crate::upstream::{Binary, Upstream};
+use crate::wait;
+
+/// How long a start may take before it is reported as broken. A warm start
+/// takes a few seconds; the bound covers a loaded CI machine.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// Port races between parallel starts are retried with fresh ports.
+const START_ATTEMPTS: usize = 3;
+
+/// The user the admin kubeconfig authenticates as (group `system:masters`).
+pub const ADMIN_USER: &str = "tenantry-admin";
+
+/// What to run besides etcd and kube-apiserver.
+#[derive(Clone, Debug)]
+pub struct ControlPlaneOptions {
+    /// A short name for logs and the kubeconfig context.
+    pub name: String,
+    /// Run kube-controller-manager with the garbage collector (owner
+    /// references cascade), namespace (namespace deletion) and service
+    /// account controllers. Nothing else: no pods run here.
+    pub controller_manager: bool,
+    /// Extra kube-apiserver flags, appended last.
+    pub extra_apiserver_args: Vec<String>,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            name: "harness".into(),
+            controller_manager: true,
+            extra_apiserver_args: Vec::new(),
+        }
+    }
+}
+
+/// A running control plane. Dropping it kills every process it started; on a
+/// panic their log tails are printed and the working folder is kept.
+pub struct ControlPlane {
+    name: String,
+    // Declared before `dir` so processes stop before their files go.
+    controller_manager: Option<ManagedProcess>,
+    apiserver: ManagedProcess,
+    etcd: ManagedProcess,
+    ca: CertificateAuthority,
+    server_url: String,
+    kubeconfig_path: PathBuf,
+    kubeconfig: Kubeconfig,
+    client: kube::Client,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("name", &self.name)
+            .field("server_url", &self.server_url)
+            .field("kubeconfig_path", &self.kubeconfig_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager with defaults.
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(ControlPlaneOptions::default()).await
+    }
+
+    /// Starts a control plane with the given options, waits until
+    /// kube-apiserver's `/readyz` answers `ok`.
+    pub async fn start_with(options: ControlPlaneOptions) -> anyhow::Result<Self> {
+        let upstream = Upstream::locate()?;
+        let mut last_error = None;
+        for attempt in 1..=START_ATTEMPTS {
+            match Self::try_start(&upstream, &options).await {
+                Ok(control_plane) => return Ok(control_plane),
+                Err(StartError::PortTaken(error)) if attempt < START_ATTEMPTS => {
+                    tracing::warn!(%error, attempt, "control plane port taken; retrying with new ports");
+                    last_error = Some(error);
+                }
+                Err(StartError::PortTaken(error) | StartError::Other(error)) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("control plane did not start")))
+    }
+
+    async fn try_start(
+        upstream: &Upstream,
+        options: &ControlPlaneOptions,
+    ) -> Result<Self, StartError> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("tenantry-{}-", options.name))
+            .tempdir()
+            .context("create control plane folder")?;
+        let root = dir.path().to_owned();
+        let etcd_client_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let apiserver_port = free_port()?;
+        let server_url = format!("https://127.0.0.1:{apiserver_port}");
+
+        let pki = root.join("pki");
+        std::fs::create_dir_all(&pki).context("create pki folder")?;
+        let ca = CertificateAuthority::new(&format!("tenantry-{}-ca", options.name))?;
+        let ca_path = pki.join("ca.crt");
+        std::fs::write(&ca_path, ca.cert_pem()).context("write ca.crt")?;
+        let serving = ca.issue_server(
+            "kube-apiserver",
+            &[
+                "127.0.0.1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+        )?;
+        let (serving_cert, serving_key) = serving.write(&pki, "apiserver")?;
+        let admin = ca.issue_client(ADMIN_USER, &["system:masters"])?;
+        let sa_keys = ServiceAccountKeys::generate()?;
+        let sa_private = pki.join("sa.key");
+        let sa_public = pki.join("sa.pub");
+        write_private(&sa_private, &sa_keys.private_pem)?;
+        std::fs::write(&sa_public, &sa_keys.public_pem).context("write sa.pub")?;
+
+        let kubeconfig_text = admin_kubeconfig(
+            &options.name,
+            &server_url,
+            &ca.cert_pem(),
+            &admin.cert_pem,
+            &admin.key_pem,
+        );
+        let kubeconfig_path = root.join("kubeconfig");
+        write_private(&kubeconfig_path, &kubeconfig_text)?;
+        let kubeconfig =
+            Kubeconfig::from_yaml(&kubeconfig_text).context("parse generated kubeconfig")?;
+
+        let mut etcd_cmd = Command::new(upstream.binary(Binary::Etcd)?);
+        etcd_cmd.args([
+            "--name=default".to_string(),
+            format!("--data-dir={}", root.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_client_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer_port}"),
+            // Test data need not survive a power cut; fsync dominates start time.
+            "--unsafe-no-fsync".to_string(),
+            "--log-level=warn".to_string(),
+        ]);
+        let mut etcd = ManagedProcess::spawn(
+            &format!("{}/etcd", options.name),
+            etcd_cmd,
+            &root.join("etcd.log"),
+        )?;
+
+        let mut apiserver_cmd = Command::new(upstream.binary(Binary::KubeApiserver)?);
+        apiserver_cmd.args([
+            format!("--etcd-servers=http://127.0.0.1:{etcd_client_port}"),
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--secure-port={apiserver_port}"),
+            format!("--cert-dir={}", root.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", serving_cert.display()),
+            format!("--tls-private-key-file={}", serving_key.display()),
+            format!("--client-ca-file={}", ca_path.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
+            format!("--service-account-key-file={}", sa_public.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                sa_private.display()
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".to_string(),
+            "--authorization-mode=RBAC".to_string(),
+            "--allow-privileged=true".to_string(),
+            // No token controller runs the default ServiceAccount into
+            // namespaces, which this admission plugin would wait for.
+            "--disable-admission-plugins=ServiceAccount".to_string(),
+            // The `kubernetes` Service endpoint would be 127.0.0.1, which
+            // Endpoints validation refuses; nothing here needs it.
+            "--endpoint-reconciler-type=none".to_string(),
+            "--profiling=false".to_string(),
+        ]);
+        apiserver_cmd.args(&options.extra_apiserver_args);
+        let mut apiserver = ManagedProcess::spawn(
+            &format!("{}/kube-apiserver", options.name),
+            apiserver_cmd,
+            &root.join("kube-apiserver.log"),
+        )?;
+
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+                .await
+                .context("load generated kubeconfig")?;
+        let client = kube::Client::try_from(config).context("build client")?;
+
+        let ready = wait::until("kube-apiserver /readyz", START_TIMEOUT, || {
+            let client = client.clone();
+            let exited = [
+                etcd.exit_status().map(|s| ("etcd", s)),
+                apiserver.exit_status().map(|s| ("kube-apiserver", s)),
+            ];
+            async move {
+                if let Some((which, status)) = exited.into_iter().flatten().next() {
+                    return Ok(Some(Err((which, status))));
+                }
+                let request = http::Request::get("/readyz").body(Vec::new())?;
+                let body = client.request_text(request).await?;
+                Ok((body.trim() == "ok").then_some(Ok(())))
+            }
+        })
+        .await;
+        match ready {
+            Ok(Ok(())) => {}
+            Ok(Err((which, status))) => {
+                let log = if which == "etcd" {
+                    etcd.log_tail(20)
+                } else {
+                    apiserver.log_tail(20)
+                };
+                let error = anyhow::anyhow!("{which} exited with {status} during start:\n{log}");
+                if log.contains("address already in use") {
+                    return Err(StartError::PortTaken(error));
+                }
+                return Err(StartError::Other(error));
+            }
+            Err(error) => {
+                return Err(StartError::Other(error.context(format!(
+                    "kube-apiserver log tail:\n{}\netcd log tail:\n{}",
+                    apiserver.log_tail(20),
+                    etcd.log_tail(20)
+                ))));
+            }
+        }
+
+        let controller_manager = if options.controller_manager {
+            let mut cmd = Command::new(upstream.binary(Binary::KubeControllerManager)?);
+            cmd.args([
+                format!("--kubeconfig={}", kubeconfig_path.display()),
+                "--controllers=garbagecollector,namespace,serviceaccount".to_string(),
+                "--leader-elect=false".to_string(),
+                "--secure-port=0".to_string(),
+                "--use-service-account-credentials=false".to_string(),
+            ]);
+            Some(ManagedProcess::spawn(
+                &format!("{}/kube-controller-manager", options.name),
+                cmd,
+                &root.join("kube-controller-manager.log"),
+            )?)
+        } else {
+            None
+        };
+
+        Ok(Self {
+            name: options.name.clone(),
+            controller_manager,
+            apiserver,
+            etcd,
+            ca,
+            server_url,
+            kubeconfig_path,
+            kubeconfig,
+            client,
+            dir: Some(dir),
+        })
+    }
+
+    /// A client authenticated as the admin (`system:masters`).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The admin kubeconfig file, usable by kubectl and upstream managers.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig_path
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Kubeconfig {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> &str {
+        &self.server_url
+    }
+
+    /// The CA that signed the apiserver's serving certificate; it also
+    /// issues webhook serving certificates for processes of this control plane.
+    pub fn ca(&self) -> &CertificateAuthority {
+        &self.ca
+    }
+
+    /// The control plane's working folder (certificates, logs, etcd data).
+    pub fn dir(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map(|d| d.path())
+            .expect("control plane folder")
+    }
+
+    /// The name given in the options.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Pids of every process this control plane runs.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.etcd.pid(), self.apiserver.pid()];
+        pids.extend(self.controller_manager.as_ref().map(ManagedProcess::pid));
+        pids
+    }
+
+    /// A `kubectl` command pointed at this control plane.
+    pub fn kubectl(&self) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(Upstream::locate()?.binary(Binary::Kubectl)?);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig_path.display()));
+        Ok(cmd)
+    }
+
+    /// Stops every process gracefully (SIGTERM, then SIGKILL after a grace
+    /// period) in dependency order, then removes the working folder.
+    pub fn stop(mut self) {
+        let grace = Duration::from_secs(5);
+        if let Some(kcm) = self.controller_manager.as_mut() {
+            kcm.stop(grace);
+        }
+        self.apiserver.stop(grace);
+        self.etcd.stop(grace);
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.dir.take()
+        {
+            eprintln!(
+                "---- control plane {} kept its files in {} ----",
+                self.name,
+                dir.keep().display()
+            );
+        }
+        // Processes are killed by their own Drop, in field order.
+    }
+}
+
+enum StartError {
+    PortTaken(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for StartError {
+    fn from(error: anyhow::Error) -> Self {
+        StartError::Other(error)
+    }
+}
+
+/// A loopback TCP port that was free a moment ago and that this process has
+/// not handed out before (so parallel starts in one test binary never pick
+/// the same port).
+pub fn free_port() -> anyhow::Result<u16> {
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("bind a loopback port")?
+            .port();
+        if handed_out.lock().expect("port set lock").insert(port) {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port found")
+}
+
+fn admin_kubeconfig(
+    name: &str,
+    server: &str,
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: {name}
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: {ADMIN_USER}
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: {name}
+  context:
+    cluster: {name}
+    user: {ADMIN_USER}
+current-context: {name}
+",
+        ca = BASE64.encode(ca_pem),
+        cert = BASE64.encode(cert_pem),
+        key = BASE64.encode(key_pem),
+    )
+}

@@ -1,0 +1,20 @@
+//! Tenantry's test harness.
+//!
+//! Real parts where they can run here: [`ControlPlane`] starts etcd,
+//! kube-apiserver and kube-controller-manager built from the upstream Go
+//! modules (see `hack/upstream/`); [`ClusterApiManager`] runs the real Cluster
+//! API core manager against it. Simulators for what cannot run here (KubeVirt,
+//! CDI, Proxmox VE, Kamaji, tenant nodes) live in their own modules, each
+//! documenting the upstream behaviour it copies.
+
+pub mod cluster_api;
+pub mod control_plane;
+pub mod manifests;
+pub mod pki;
+pub mod process;
+pub mod upstream;
+pub mod wait;
+
+pub use cluster_api::ClusterApiManager;
+pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use upstream::{Binary, Upstream};

@@ -1,0 +1,86 @@
+//! Where the upstream Go programs built by `hack/upstream/build.sh` live.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+/// The upstream binaries and manifests the harness runs, found in the cache
+/// that `hack/upstream/build.sh` fills (`$TENANTRY_CACHE/upstream`, by default
+/// `~/.cache/tenantry/upstream`).
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    root: PathBuf,
+}
+
+/// A program `hack/upstream/build.sh` builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    Etcd,
+    KubeApiserver,
+    KubeControllerManager,
+    Kubectl,
+    ClusterApiManager,
+    Clusterctl,
+}
+
+impl Binary {
+    /// The file name in the cache's `bin/` folder.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Binary::Etcd => "etcd",
+            Binary::KubeApiserver => "kube-apiserver",
+            Binary::KubeControllerManager => "kube-controller-manager",
+            Binary::Kubectl => "kubectl",
+            Binary::ClusterApiManager => "cluster-api-manager",
+            Binary::Clusterctl => "clusterctl",
+        }
+    }
+}
+
+impl Upstream {
+    /// The cache root: `$TENANTRY_CACHE/upstream`, else `~/.cache/tenantry/upstream`.
+    pub fn locate() -> anyhow::Result<Self> {
+        let base = match std::env::var_os("TENANTRY_CACHE") {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                let home =
+                    std::env::var_os("HOME").context("neither TENANTRY_CACHE nor HOME is set")?;
+                PathBuf::from(home).join(".cache").join("tenantry")
+            }
+        };
+        Ok(Self {
+            root: base.join("upstream"),
+        })
+    }
+
+    /// The path of an upstream binary, or an error telling how to build it.
+    pub fn binary(&self, binary: Binary) -> anyhow::Result<PathBuf> {
+        let path = self.root.join("bin").join(binary.file_name());
+        if !path.exists() {
+            bail!(
+                "{} not found at {}: run hack/upstream/build.sh first",
+                binary.file_name(),
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
+    /// The folder holding the Cluster API core CRDs (`crd/`) and webhook
+    /// manifests (`webhook/`) of the pinned Cluster API release.
+    pub fn cluster_api_config(&self) -> anyhow::Result<PathBuf> {
+        let path = self.root.join("cluster-api");
+        if !path.join("crd").is_dir() {
+            bail!(
+                "Cluster API manifests not found at {}: run hack/upstream/build.sh first",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
+    /// The cache root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}

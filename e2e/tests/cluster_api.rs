@@ -1,0 +1,197 @@
+//! The real Cluster API core manager runs against the harness and reconciles.
+//! Everything asserted here is written by the manager, never by the test:
+//! its finalizer, its conditions and phase, the owner reference it puts on
+//! the infrastructure cluster, and the cascade when the Cluster is deleted.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use serde_json::json;
+use tenantry_e2e::manifests::install_crds;
+use tenantry_e2e::process::is_alive;
+use tenantry_e2e::{ClusterApiManager, ControlPlane, wait};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+const CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
+
+fn api(
+    client: &kube::Client,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    Api::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    )
+}
+
+fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a serde_json::Value> {
+    object.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn has_condition(object: &DynamicObject, type_: &str, status: &str) -> bool {
+    condition(object, type_).is_some_and(|c| c["status"] == status)
+}
+
+#[tokio::test]
+async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
+    let control_plane = ControlPlane::start().await.expect("start control plane");
+    let manager = ClusterApiManager::start(&control_plane)
+        .await
+        .expect("start Cluster API manager");
+    let client = control_plane.client();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/test-infrastructure-cluster-crd.yaml");
+    install_crds(&client, &[fixture])
+        .await
+        .expect("install TestCluster CRD");
+    let clusters = api(
+        &client,
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "Cluster",
+        "clusters",
+    );
+    let infra_clusters = api(
+        &client,
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha1",
+        "TestCluster",
+        "testclusters",
+    );
+    let fail = |e: anyhow::Error| -> ! {
+        panic!("{e:#}\nCluster API manager log:\n{}", manager.log_tail(40))
+    };
+
+    let infra: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "TestCluster",
+        "metadata": { "name": "demo" },
+        "spec": { "controlPlaneEndpoint": { "host": "demo.example", "port": 6443 } }
+    }))
+    .expect("TestCluster object");
+    infra_clusters
+        .create(&PostParams::default(), &infra)
+        .await
+        .expect("create TestCluster");
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Cluster",
+        "metadata": { "name": "demo" },
+        "spec": {
+            "clusterNetwork": {
+                "pods": { "cidrBlocks": ["10.243.0.0/16"] },
+                "services": { "cidrBlocks": ["10.95.0.0/16"] }
+            },
+            "infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io",
+                "kind": "TestCluster",
+                "name": "demo"
+            }
+        }
+    }))
+    .expect("Cluster object");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create Cluster");
+
+    // The manager adds its finalizer, reports that infrastructure is not
+    // provisioned yet, and takes ownership of the infrastructure cluster.
+    wait::until("the manager to reconcile the new Cluster", DEADLINE, || {
+        let (clusters, infra_clusters) = (clusters.clone(), infra_clusters.clone());
+        async move {
+            let cluster = clusters.get("demo").await?;
+            let infra = infra_clusters.get("demo").await?;
+            let finalized = cluster
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == CLUSTER_FINALIZER);
+            let owned = infra
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "Cluster" && o.name == "demo");
+            Ok(
+                (finalized && owned && has_condition(&cluster, "InfrastructureReady", "False"))
+                    .then_some(()),
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    // The infrastructure provider's side of the v1beta2 contract: once the
+    // infrastructure cluster reports provisioned, CAPI follows.
+    infra_clusters
+        .patch_status(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "initialization": { "provisioned": true } } })),
+        )
+        .await
+        .expect("mark TestCluster provisioned");
+    let provisioned = wait::until(
+        "the Cluster to see its infrastructure provisioned",
+        DEADLINE,
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let cluster = clusters.get("demo").await?;
+                Ok(has_condition(&cluster, "InfrastructureReady", "True").then_some(cluster))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(
+        provisioned.data["status"]["initialization"]["infrastructureProvisioned"],
+        true
+    );
+    assert_eq!(
+        provisioned.data["spec"]["controlPlaneEndpoint"]["host"],
+        "demo.example"
+    );
+    assert!(has_condition(&provisioned, "Paused", "False"));
+
+    // Deletion completes only because the manager deletes the infrastructure
+    // cluster and then removes its own finalizer.
+    clusters
+        .delete("demo", &DeleteParams::default())
+        .await
+        .expect("delete Cluster");
+    wait::until(
+        "the manager to delete the Cluster and its infrastructure",
+        DEADLINE,
+        || {
+            let (clusters, infra_clusters) = (clusters.clone(), infra_clusters.clone());
+            async move {
+                let gone = clusters.get_opt("demo").await?.is_none()
+                    && infra_clusters.get_opt("demo").await?.is_none();
+                Ok(gone.then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    let pid = manager.pid();
+    manager.stop();
+    assert!(
+        !is_alive(pid),
+        "Cluster API manager still running after stop"
+    );
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: builds any missing upstream binaries,
+# then checks formatting, lints with clippy (-D warnings) and runs every test
+# against real control planes. Afterwards no harness process may be left.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+upstream="${TENANTRY_CACHE:-$HOME/.cache/tenantry}/upstream"
+started=$SECONDS
+section() { printf '\n==> %s (%ds)\n' "$1" $((SECONDS - started)); }
+
+# Harness processes already running (a sandbox, say) are not ours to judge.
+harness_pids() { pgrep -f "^$upstream/" | sort || true; }
+before="$(harness_pids)"
+
+section "upstream binaries"
+hack/upstream/build.sh
+
+section "cargo fmt --check"
+cargo fmt --all -- --check
+
+section "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+section "cargo test"
+timeout 50m cargo test --workspace --locked
+
+section "leftover processes"
+leftover="$(comm -13 <(echo "$before") <(harness_pids) | sed '/^$/d')"
+if [[ -n "$leftover" ]]; then
+	echo "harness processes left running after the suite:"
+	ps -o pid,args -p $leftover || true
+	exit 1
+fi
+echo "none"
+section "done"

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds the upstream Go programs tenantry's tests run for real (kube-apiserver,
+# kube-controller-manager, kubectl, etcd, the Cluster API core manager, clusterctl) from the pinned
+# wrapper modules next to this script, into a cache outside the work tree.
+#
+# Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
+# $TENANTRY_CACHE/upstream/bin/<name> is a symlink to the version this checkout
+# pins. Binaries already present are not rebuilt, so a warm run is a no-op.
+# The Cluster API CRDs and webhook manifests, which ship inside its Go module,
+# are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook}.
+#
+# Usage: hack/upstream/build.sh [name ...]     (default: everything)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache="${TENANTRY_CACHE:-$HOME/.cache/tenantry}/upstream"
+mkdir -p "$cache/bin"
+
+# Go fetches modules from the proxy; -buildvcs=false because the wrapper
+# modules live inside our git tree and their VCS state is not the upstream's.
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
+export CGO_ENABLED=0
+
+# version_of <wrapper dir> <module path>: the version the wrapper's go.mod pins.
+version_of() {
+	awk -v m="$2" '$1 == "require" && $2 == m { print $3 } $1 == m && $2 ~ /^v/ { print $2 }' \
+		"$here/$1/go.mod" | head -n 1
+}
+
+# module_dir <wrapper dir> <module path>: the module's folder in the Go module
+# cache, downloading it first if needed.
+module_dir() {
+	(cd "$here/$1" && go mod download -json "$2" | awk -F'"' '$2 == "Dir" { print $4 }')
+}
+
+build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+built=()
+
+# build <name> <wrapper dir> <package> <version> [ldflags]
+build() {
+	local name="$1" wrapper="$2" pkg="$3" version="$4" ldflags="${5:-}"
+	local dest="$cache/$name-$version/$name"
+	if [[ ! -x "$dest" ]]; then
+		echo "==> building $name $version ($pkg)"
+		local start=$SECONDS
+		mkdir -p "$(dirname "$dest")"
+		(cd "$here/$wrapper" && go build -trimpath -ldflags "-s -w $ldflags" -o "$dest.partial" "$pkg")
+		mv "$dest.partial" "$dest"
+		echo "    built $name in $((SECONDS - start))s"
+		built+=("$name")
+	fi
+	ln -sfn "$dest" "$cache/bin/$name"
+}
+
+# sel <name>: whether <name> was asked for (no arguments asks for everything).
+sel() {
+	[[ ${#selected[@]} -eq 0 ]] && return 0
+	local n
+	for n in "${selected[@]}"; do [[ "$n" == "$1" ]] && return 0; done
+	return 1
+}
+
+main() {
+	# --- Kubernetes: kube-apiserver, kube-controller-manager, kubectl----------------------------
+	k8s_version="$(version_of kubernetes k8s.io/kubernetes)"
+	k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
+	k8s_ldflags=""
+	# Unstamped binaries report v0.0.0-master, which CAPI refuses as a
+	# management cluster version.
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
+		k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+	done
+	if sel kube-apiserver; then
+		build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$k8s_version" "$k8s_ldflags"
+	fi
+	if sel kube-controller-manager; then
+		build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_version" "$k8s_ldflags"
+	fi
+	if sel kubectl; then
+		build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$k8s_version" "$k8s_ldflags"
+	fi
+
+	# --- etcd ------------------------------------------------------------------
+	etcd_version="$(version_of etcd go.etcd.io/etcd/server/v3)"
+	if sel etcd; then
+		build etcd etcd go.etcd.io/etcd/server/v3 "$etcd_version"
+	fi
+
+	# --- Cluster API: core manager and clusterctl ------------------------------
+	capi_version="$(version_of cluster-api sigs.k8s.io/cluster-api)"
+	capi_ldflags=""
+	capi_minor="$(echo "$capi_version" | cut -d. -f2)"
+	for key in "gitVersion=$capi_version" "gitMajor=1" "gitMinor=$capi_minor" "gitTreeState=clean" "buildDate=$build_date"; do
+		capi_ldflags+=" -X sigs.k8s.io/cluster-api/version.$key"
+	done
+	if sel cluster-api-manager; then
+		build cluster-api-manager cluster-api sigs.k8s.io/cluster-api/core "$capi_version" "$capi_ldflags"
+	fi
+	if sel clusterctl; then
+		build clusterctl cluster-api sigs.k8s.io/cluster-api/cmd/clusterctl "$capi_version" "$capi_ldflags"
+	fi
+	if sel cluster-api-manager || sel clusterctl; then
+		# The CRDs and webhook manifests ship inside the module; copy them next to
+		# the binaries so tests find them even if the Go module cache is cleaned.
+		capi_config="$cache/cluster-api-$capi_version/config"
+		if [[ ! -d "$capi_config" ]]; then
+			capi_dir="$(module_dir cluster-api sigs.k8s.io/cluster-api)"
+			rm -rf "$capi_config.partial"
+			mkdir -p "$capi_config.partial"
+			cp -r "$capi_dir/core/config/crd/bases" "$capi_config.partial/crd"
+			cp -r "$capi_dir/core/config/webhook" "$capi_config.partial/webhook"
+			chmod -R u+w "$capi_config.partial"
+			mv "$capi_config.partial" "$capi_config"
+		fi
+		ln -sfn "$capi_config" "$cache/cluster-api"
+	fi
+
+	if [[ ${#built[@]} -eq 0 ]]; then
+		echo "upstream binaries up to date in $cache/bin"
+	else
+		echo "built: ${built[*]} (cache: $cache/bin)"
+	fi
+	if [[ -e "$cache/cluster-api" ]]; then
+		echo "Cluster API CRDs: $cache/cluster-api/crd (webhooks: $cache/cluster-api/webhook)"
+	fi
+}
+
+selected=("$@")
+main
+exit
