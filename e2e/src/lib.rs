@@ -12,6 +12,7 @@ pub mod control_plane;
 pub mod manifests;
 pub mod pki;
 pub mod process;
+pub mod sim;
 pub mod upstream;
 pub mod wait;
 

@@ -1,0 +1,1 @@
+//! KubeVirt + CDI simulator (virt-controller, virt-handler, CDI importer).

@@ -1,0 +1,4 @@
+//! The Proxmox VE substrate: the PVE API client, and (later) the
+//! ProxmoxCluster and ProxmoxMachine reconcilers.
+
+pub mod client;
