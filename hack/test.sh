@@ -23,7 +23,7 @@ section "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 section "cargo test"
-timeout 50m cargo test --workspace --locked
+timeout 50m cargo test --workspace --locked --no-fail-fast
 
 section "leftover processes"
 leftover="$(comm -13 <(echo "$before") <(harness_pids) | sed '/^$/d')"

@@ -151,16 +151,17 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
             let clusters = clusters.clone();
             async move {
                 let cluster = clusters.get("demo").await?;
-                Ok(has_condition(&cluster, "InfrastructureReady", "True").then_some(cluster))
+                // CAPI may write the condition and the initialization flag in
+                // separate patches; wait for the state a user ends up seeing.
+                let provisioned =
+                    cluster.data["status"]["initialization"]["infrastructureProvisioned"] == true;
+                let ready = has_condition(&cluster, "InfrastructureReady", "True");
+                Ok((provisioned && ready).then_some(cluster))
             }
         },
     )
     .await
     .unwrap_or_else(|e| fail(e));
-    assert_eq!(
-        provisioned.data["status"]["initialization"]["infrastructureProvisioned"],
-        true
-    );
     assert_eq!(
         provisioned.data["spec"]["controlPlaneEndpoint"]["host"],
         "demo.example"

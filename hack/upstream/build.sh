@@ -49,7 +49,8 @@ build() {
 		echo "    built $name in $((SECONDS - start))s"
 		built+=("$name")
 	fi
-	ln -sfn "$dest" "$cache/bin/$name"
+	# Relative links keep the cache valid if it is moved or mounted elsewhere.
+	ln -sfn "../$name-$version/$name" "$cache/bin/$name"
 }
 
 # sel <name>: whether <name> was asked for (no arguments asks for everything).
@@ -113,7 +114,7 @@ main() {
 			chmod -R u+w "$capi_config.partial"
 			mv "$capi_config.partial" "$capi_config"
 		fi
-		ln -sfn "$capi_config" "$cache/cluster-api"
+		ln -sfn "cluster-api-$capi_version/config" "$cache/cluster-api"
 	fi
 
 	if [[ ${#built[@]} -eq 0 ]]; then
