@@ -1,0 +1,47 @@
+//! Every CRD tenantry serves, generated from the Rust types. `config/crd/`
+//! holds their YAML (`tenantry crds --out config/crd/bases`), and a test keeps
+//! it in step with the types.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSON,
+};
+use kube::CustomResourceExt;
+
+use crate::kubevirt::{
+    KubevirtCluster, KubevirtClusterTemplate, KubevirtMachine, KubevirtMachineTemplate,
+};
+
+/// All of tenantry's CRDs, in a stable order.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![
+        spec_optional(KubevirtCluster::crd()),
+        KubevirtClusterTemplate::crd(),
+        spec_optional(KubevirtMachine::crd()),
+        KubevirtMachineTemplate::crd(),
+    ]
+}
+
+/// CAPK's CRDs do not require `spec`, and its templates create
+/// KubevirtClusters without one. The apiserver fills in `spec: {}` instead,
+/// so every stored object still has the spec our types expect.
+fn spec_optional(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        if let Some(required) = schema.required.as_mut() {
+            required.retain(|field| field != "spec");
+            if required.is_empty() {
+                schema.required = None;
+            }
+        }
+        if let Some(spec) = schema.properties.as_mut().and_then(|p| p.get_mut("spec")) {
+            spec.default = Some(JSON(serde_json::json!({})));
+        }
+    }
+    crd
+}
