@@ -21,13 +21,17 @@ fixtures=e2e/fixtures/upstream
 out=api/src/generated
 
 # gen <module path> <crd file> [kopium flags...]
+# --no-condition: third-party conditions are not metav1 Conditions to rely on
+# (KubeVirt and CDI leave reason or lastTransitionTime empty, CAPI's
+# deprecated v1beta1 conditions carry severity), so each kind gets its own
+# lenient condition type instead of k8s-openapi's strict one.
 gen() {
 	local module="$1" crd="$2"
 	shift 2
 	mkdir -p "$(dirname "$out/$module.rs")"
 	# Drop kopium's header line naming the absolute input path, so the output
 	# does not depend on where the repository lives.
-	kopium --docs --schema=derived --derive=JsonSchema --derive=Default --smart-derive-elision --derive=PartialEq "$@" -f "$crd" \
+	kopium --no-condition --docs --schema=derived --derive=JsonSchema --derive=Default --smart-derive-elision --derive=PartialEq "$@" -f "$crd" \
 		| sed '/^\/\/ kopium command:/d' >"$out/$module.rs"
 	echo "generated $out/$module.rs"
 }
@@ -48,15 +52,12 @@ PY
 gen kubevirt/virtual_machine "$relaxed_vm_crd"
 gen kubevirt/virtual_machine_instance "$fixtures/kubevirt/kubevirt.io_virtualmachineinstances.yaml"
 gen cdi/data_volume "$fixtures/cdi/cdi.kubevirt.io_datavolumes.yaml"
-# Cluster API v1beta2 carries metav1 Conditions, but its status.deprecated
-# v1beta1 blocks carry CAPI's older conditions (with severity), which do not
-# fit metav1 Condition: --no-condition keeps kopium from forcing that type.
 for pair in cluster:clusters machine:machines machine_deployment:machinedeployments \
 	machine_set:machinesets machine_health_check:machinehealthchecks; do
-	gen "capi/${pair%%:*}" "$capi/cluster.x-k8s.io_${pair#*:}.yaml" --api-version v1beta2 --no-condition
+	gen "capi/${pair%%:*}" "$capi/cluster.x-k8s.io_${pair#*:}.yaml" --api-version v1beta2
 done
 for pair in ip_address_claim:ipaddressclaims ip_address:ipaddresses; do
-	gen "capi/${pair%%:*}" "$capi/ipam.cluster.x-k8s.io_${pair#*:}.yaml" --api-version v1beta2 --no-condition
+	gen "capi/${pair%%:*}" "$capi/ipam.cluster.x-k8s.io_${pair#*:}.yaml" --api-version v1beta2
 done
 gen ipam/in_cluster_ip_pool "$fixtures/ipam-in-cluster/crds/ipam.cluster.x-k8s.io_inclusterippools.yaml" --api-version v1alpha2
 cargo fmt -p tenantry-api

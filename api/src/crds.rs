@@ -10,6 +10,9 @@ use kube::CustomResourceExt;
 use crate::kubevirt::{
     KubevirtCluster, KubevirtClusterTemplate, KubevirtMachine, KubevirtMachineTemplate,
 };
+use crate::proxmox::{
+    ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate,
+};
 
 /// All of tenantry's CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
@@ -18,6 +21,11 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         KubevirtClusterTemplate::crd(),
         spec_optional(KubevirtMachine::crd()),
         KubevirtMachineTemplate::crd(),
+        // capmox's CRDs require `spec`, so the derived schema is already right.
+        ProxmoxCluster::crd(),
+        ProxmoxClusterTemplate::crd(),
+        ProxmoxMachine::crd(),
+        ProxmoxMachineTemplate::crd(),
     ]
 }
 

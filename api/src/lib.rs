@@ -10,3 +10,4 @@ pub mod contract;
 pub mod crds;
 pub mod generated;
 pub mod kubevirt;
+pub mod proxmox;

@@ -1,6 +1,7 @@
-//! The real Cluster API core manager, run out of cluster against a harness
-//! control plane, with its webhooks wired the way CAPI's kustomize overlay
-//! wires them in a real management cluster (CRD conversion and admission
+//! Upstream controller-runtime managers (the real Cluster API core manager,
+//! the in-cluster IPAM provider), run out of cluster against a harness
+//! control plane, with their webhooks wired the way their kustomize overlays
+//! wire them in a real management cluster (CRD conversion and admission
 //! webhooks), except that the apiserver reaches the manager by URL on
 //! loopback instead of through a Service.
 
@@ -27,62 +28,115 @@ use crate::wait;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A running Cluster API core manager (`sigs.k8s.io/cluster-api/core`).
-pub struct ClusterApiManager {
+/// An upstream controller-runtime manager (Cluster API core, the in-cluster
+/// IPAM provider), running out of cluster against a harness control plane.
+pub struct UpstreamManager {
     process: ManagedProcess,
     health_port: u16,
     webhook_port: u16,
+    label: &'static str,
 }
 
-impl ClusterApiManager {
+/// What differs between the upstream managers the harness runs.
+struct ManagerSpec {
+    label: &'static str,
+    binary: Binary,
+    config: PathBuf,
+    health_flag: &'static str,
+    extra_args: Vec<String>,
+}
+
+/// The real Cluster API core manager (`sigs.k8s.io/cluster-api/core`).
+pub type ClusterApiManager = UpstreamManager;
+
+impl UpstreamManager {
     /// Installs the Cluster API CRDs and webhook configurations into
     /// `control_plane`, starts the manager and waits until it is ready and
     /// its webhooks answer.
     pub async fn start(control_plane: &ControlPlane) -> anyhow::Result<Self> {
         let upstream = Upstream::locate()?;
-        let config = upstream.cluster_api_config()?;
+        let diagnostics_port = free_port()?;
+        Self::start_spec(
+            control_plane,
+            ManagerSpec {
+                label: "Cluster API manager",
+                binary: Binary::ClusterApiManager,
+                config: upstream.cluster_api_config()?,
+                health_flag: "--health-addr",
+                extra_args: vec![
+                    format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
+                    "--insecure-diagnostics=true".to_string(),
+                    "--leader-elect=false".to_string(),
+                ],
+            },
+        )
+        .await
+    }
+
+    /// Installs the in-cluster IPAM provider's CRDs and webhooks and starts
+    /// it (`sigs.k8s.io/cluster-api-ipam-provider-in-cluster`). It serves
+    /// `InClusterIPPool`s and fulfils CAPI `IPAddressClaim`s from them.
+    pub async fn start_ipam_in_cluster(control_plane: &ControlPlane) -> anyhow::Result<Self> {
+        let upstream = Upstream::locate()?;
+        let diagnostics_port = free_port()?;
+        Self::start_spec(
+            control_plane,
+            ManagerSpec {
+                label: "in-cluster IPAM provider",
+                binary: Binary::IpamInCluster,
+                config: upstream.ipam_in_cluster_config()?,
+                health_flag: "--health-probe-bind-address",
+                extra_args: vec![
+                    format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
+                    "--insecure-diagnostics=true".to_string(),
+                ],
+            },
+        )
+        .await
+    }
+
+    async fn start_spec(control_plane: &ControlPlane, spec: ManagerSpec) -> anyhow::Result<Self> {
+        let upstream = Upstream::locate()?;
         let webhook_port = free_port()?;
         let health_port = free_port()?;
-        let diagnostics_port = free_port()?;
         let dir = control_plane
             .dir()
-            .join(format!("cluster-api-{webhook_port}"));
+            .join(format!("{}-{webhook_port}", spec.binary.file_name()));
         let cert_dir = dir.join("webhook-certs");
         std::fs::create_dir_all(&cert_dir).context("create webhook certificate folder")?;
         control_plane
             .ca()
-            .issue_server("cluster-api-webhook", &["127.0.0.1", "localhost"])?
+            .issue_server("upstream-webhook", &["127.0.0.1", "localhost"])?
             .write(&cert_dir, "tls")?;
 
         let webhook_base = format!("https://127.0.0.1:{webhook_port}");
         let ca_bundle = ByteString(control_plane.ca().cert_pem().into_bytes());
         install_crds(
             control_plane,
-            &config.join("crd"),
+            &spec.config.join("crd"),
             &webhook_base,
             &ca_bundle,
         )
         .await?;
         install_webhook_configurations(
             control_plane,
-            &config.join("webhook"),
+            spec.binary.file_name(),
+            &spec.config.join("webhook"),
             &webhook_base,
             &ca_bundle,
         )
         .await?;
 
-        let mut command = Command::new(upstream.binary(Binary::ClusterApiManager)?);
+        let mut command = Command::new(upstream.binary(spec.binary)?);
         command.args([
             format!("--kubeconfig={}", control_plane.kubeconfig_path().display()),
             format!("--webhook-port={webhook_port}"),
             format!("--webhook-cert-dir={}", cert_dir.display()),
-            format!("--health-addr=127.0.0.1:{health_port}"),
-            format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
-            "--insecure-diagnostics=true".to_string(),
-            "--leader-elect=false".to_string(),
+            format!("{}=127.0.0.1:{health_port}", spec.health_flag),
         ]);
+        command.args(&spec.extra_args);
         let process = ManagedProcess::spawn(
-            &format!("{}/cluster-api-manager", control_plane.name()),
+            &format!("{}/{}", control_plane.name(), spec.binary.file_name()),
             command,
             &dir.join("manager.log"),
         )?;
@@ -90,6 +144,7 @@ impl ClusterApiManager {
             process,
             health_port,
             webhook_port,
+            label: spec.label,
         };
         manager.wait_ready().await?;
         Ok(manager)
@@ -97,8 +152,9 @@ impl ClusterApiManager {
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let health = format!("127.0.0.1:{}", self.health_port);
+        let label = self.label;
         let process = &mut self.process;
-        let ready = wait::until("Cluster API manager /readyz", READY_TIMEOUT, || {
+        let ready = wait::until(format!("{label} /readyz"), READY_TIMEOUT, || {
             let exited = process.exit_status();
             let health = health.clone();
             async move {
@@ -112,13 +168,12 @@ impl ClusterApiManager {
         match ready {
             Ok(Ok(())) => Ok(()),
             Ok(Err(status)) => bail!(
-                "Cluster API manager exited with {status} during start:\n{}",
+                "{label} exited with {status} during start:\n{}",
                 self.process.log_tail(30)
             ),
-            Err(error) => Err(error.context(format!(
-                "Cluster API manager log tail:\n{}",
-                self.process.log_tail(30)
-            ))),
+            Err(error) => {
+                Err(error.context(format!("{label} log tail:\n{}", self.process.log_tail(30))))
+            }
         }
     }
 
@@ -148,8 +203,8 @@ impl ClusterApiManager {
     }
 }
 
-/// Installs the Cluster API CRDs with their conversion webhook pointed at
-/// `webhook_base`, as CAPI's `webhook_in_*.yaml` patches and CA injection do.
+/// Installs a manager's CRDs with their conversion webhook pointed at
+/// `webhook_base`, as the `webhook_in_*.yaml` patches and CA injection do.
 async fn install_crds(
     control_plane: &ControlPlane,
     crd_dir: &Path,
@@ -176,10 +231,11 @@ async fn install_crds(
     Ok(())
 }
 
-/// Installs CAPI's mutating and validating webhook configurations, each
-/// webhook pointed at `webhook_base` + its service path.
+/// Installs a manager's mutating and validating webhook configurations
+/// (named `<prefix>-…`), each webhook pointed at `webhook_base` + its path.
 async fn install_webhook_configurations(
     control_plane: &ControlPlane,
+    prefix: &str,
     webhook_dir: &Path,
     webhook_base: &str,
     ca_bundle: &ByteString,
@@ -204,33 +260,27 @@ async fn install_webhook_configurations(
         match document["kind"].as_str() {
             Some("MutatingWebhookConfiguration") => {
                 let mut config: MutatingWebhookConfiguration = serde_json::from_value(document)?;
-                config.metadata.name = Some("capi-mutating-webhook-configuration".into());
+                let name = format!("{prefix}-mutating-webhook-configuration");
+                config.metadata.name = Some(name.clone());
                 for webhook in config.webhooks.iter_mut().flatten() {
                     to_url(&mut webhook.client_config)?;
                 }
                 Api::<MutatingWebhookConfiguration>::all(client.clone())
-                    .patch(
-                        "capi-mutating-webhook-configuration",
-                        &params,
-                        &Patch::Apply(&config),
-                    )
+                    .patch(&name, &params, &Patch::Apply(&config))
                     .await
-                    .context("apply Cluster API mutating webhook configuration")?;
+                    .with_context(|| format!("apply {name}"))?;
             }
             Some("ValidatingWebhookConfiguration") => {
                 let mut config: ValidatingWebhookConfiguration = serde_json::from_value(document)?;
-                config.metadata.name = Some("capi-validating-webhook-configuration".into());
+                let name = format!("{prefix}-validating-webhook-configuration");
+                config.metadata.name = Some(name.clone());
                 for webhook in config.webhooks.iter_mut().flatten() {
                     to_url(&mut webhook.client_config)?;
                 }
                 Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .patch(
-                        "capi-validating-webhook-configuration",
-                        &params,
-                        &Patch::Apply(&config),
-                    )
+                    .patch(&name, &params, &Patch::Apply(&config))
                     .await
-                    .context("apply Cluster API validating webhook configuration")?;
+                    .with_context(|| format!("apply {name}"))?;
             }
             _ => {}
         }

@@ -14,9 +14,10 @@ pub mod manifests;
 pub mod pki;
 pub mod process;
 pub mod sim;
+pub mod tenantry;
 pub mod upstream;
 pub mod wait;
 
-pub use cluster_api::ClusterApiManager;
+pub use cluster_api::{ClusterApiManager, UpstreamManager};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use upstream::{Binary, Upstream};

@@ -21,6 +21,7 @@ pub enum Binary {
     Kubectl,
     ClusterApiManager,
     Clusterctl,
+    IpamInCluster,
 }
 
 impl Binary {
@@ -33,6 +34,7 @@ impl Binary {
             Binary::Kubectl => "kubectl",
             Binary::ClusterApiManager => "cluster-api-manager",
             Binary::Clusterctl => "clusterctl",
+            Binary::IpamInCluster => "ipam-in-cluster",
         }
     }
 }
@@ -69,10 +71,20 @@ impl Upstream {
     /// The folder holding the Cluster API core CRDs (`crd/`) and webhook
     /// manifests (`webhook/`) of the pinned Cluster API release.
     pub fn cluster_api_config(&self) -> anyhow::Result<PathBuf> {
-        let path = self.root.join("cluster-api");
+        self.config("cluster-api")
+    }
+
+    /// The folder holding the in-cluster IPAM provider's CRDs (`crd/`) and
+    /// webhook manifests (`webhook/`).
+    pub fn ipam_in_cluster_config(&self) -> anyhow::Result<PathBuf> {
+        self.config("ipam-in-cluster")
+    }
+
+    fn config(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let path = self.root.join(name);
         if !path.join("crd").is_dir() {
             bail!(
-                "Cluster API manifests not found at {}: run hack/upstream/build.sh first",
+                "{name} manifests not found at {}: run hack/upstream/build.sh first",
                 path.display()
             );
         }

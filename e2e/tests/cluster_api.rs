@@ -196,3 +196,75 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
         "Cluster API manager still running after stop"
     );
 }
+
+/// The real in-cluster IPAM provider fulfils a CAPI IPAddressClaim from an
+/// InClusterIPPool: the contract the Proxmox machines get their IPs through.
+#[tokio::test]
+async fn in_cluster_ipam_provider_allocates_an_address_for_a_claim() {
+    let control_plane = ControlPlane::start().await.expect("start control plane");
+    let _capi = ClusterApiManager::start(&control_plane)
+        .await
+        .expect("start Cluster API manager");
+    let ipam = tenantry_e2e::UpstreamManager::start_ipam_in_cluster(&control_plane)
+        .await
+        .expect("start the in-cluster IPAM provider");
+    let client = control_plane.client();
+    let pools = api(
+        &client,
+        "ipam.cluster.x-k8s.io",
+        "v1alpha2",
+        "InClusterIPPool",
+        "inclusterippools",
+    );
+    let claims = api(
+        &client,
+        "ipam.cluster.x-k8s.io",
+        "v1beta2",
+        "IPAddressClaim",
+        "ipaddressclaims",
+    );
+    let addresses = api(
+        &client,
+        "ipam.cluster.x-k8s.io",
+        "v1beta2",
+        "IPAddress",
+        "ipaddresses",
+    );
+    let pool: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2",
+        "kind": "InClusterIPPool",
+        "metadata": { "name": "workers" },
+        "spec": { "addresses": ["10.10.10.10-10.10.10.20"], "prefix": 24, "gateway": "10.10.10.1" }
+    }))
+    .unwrap();
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create pool");
+    let claim: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
+        "kind": "IPAddressClaim",
+        "metadata": { "name": "worker-1-net0" },
+        "spec": { "poolRef": { "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "workers" } }
+    }))
+    .unwrap();
+    claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    let address_name = wait::until("the claim to be fulfilled", DEADLINE, || {
+        let claims = claims.clone();
+        async move {
+            let claim = claims.get("worker-1-net0").await?;
+            Ok(claim.data["status"]["addressRef"]["name"]
+                .as_str()
+                .map(str::to_string))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nIPAM provider log:\n{}", ipam.log_tail(40)));
+    let address = addresses.get(&address_name).await.expect("IPAddress");
+    assert_eq!(address.data["spec"]["address"], "10.10.10.10");
+    assert_eq!(address.data["spec"]["prefix"], 24);
+    assert_eq!(address.data["spec"]["gateway"], "10.10.10.1");
+}

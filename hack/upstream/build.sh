@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream Go programs tenantry's tests run for real (kube-apiserver,
-# kube-controller-manager, kubectl, etcd, the Cluster API core manager, clusterctl) from the pinned
+# kube-controller-manager, kubectl, etcd, the Cluster API core manager,
+# clusterctl, the in-cluster IPAM provider) from the pinned
 # wrapper modules next to this script, into a cache outside the work tree.
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
@@ -115,6 +116,24 @@ main() {
 			mv "$capi_config.partial" "$capi_config"
 		fi
 		ln -sfn "cluster-api-$capi_version/config" "$cache/cluster-api"
+	fi
+
+	# --- Cluster API in-cluster IPAM provider ----------------------------------
+	ipam_module=sigs.k8s.io/cluster-api-ipam-provider-in-cluster
+	ipam_version="$(version_of ipam-in-cluster "$ipam_module")"
+	if sel ipam-in-cluster; then
+		build ipam-in-cluster ipam-in-cluster "$ipam_module" "$ipam_version"
+		ipam_config="$cache/ipam-in-cluster-$ipam_version/config"
+		if [[ ! -d "$ipam_config" ]]; then
+			ipam_dir="$(module_dir ipam-in-cluster "$ipam_module")"
+			rm -rf "$ipam_config.partial"
+			mkdir -p "$ipam_config.partial"
+			cp -r "$ipam_dir/config/crd/bases" "$ipam_config.partial/crd"
+			cp -r "$ipam_dir/config/webhook" "$ipam_config.partial/webhook"
+			chmod -R u+w "$ipam_config.partial"
+			mv "$ipam_config.partial" "$ipam_config"
+		fi
+		ln -sfn "ipam-in-cluster-$ipam_version/config" "$cache/ipam-in-cluster"
 	fi
 
 	if [[ ${#built[@]} -eq 0 ]]; then

@@ -1,10 +1,13 @@
 //! `tenantry`: the manager binary.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tenantry_provider::runtime::ManagerConfig;
 use tenantry_provider::telemetry::{self, LogFormat};
+use tenantry_provider::webhook::WebhookConfig;
 
 /// Cluster API infrastructure provider for KubeVirt and Proxmox VE, and the
 /// tenant companion controller for Kamaji control planes.
@@ -20,6 +23,9 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the controllers (and the admission webhooks) against the cluster
+    /// of the ambient kubeconfig or in-cluster service account.
+    Run(RunArgs),
     /// Print tenantry's CustomResourceDefinitions as YAML, or write one file
     /// per CRD into a folder.
     Crds {
@@ -29,12 +35,70 @@ enum Command {
     },
 }
 
+/// Flags of `tenantry run`, named as Cluster API providers name them.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Watch only this namespace; all namespaces when unset.
+    #[arg(long, env = "TENANTRY_NAMESPACE")]
+    namespace: Option<String>,
+    /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=<value>.
+    #[arg(long)]
+    watch_filter: Option<String>,
+    /// Address of the admission webhook server.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_bind: SocketAddr,
+    /// Folder with the webhook serving certificate (tls.crt, tls.key).
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
+    webhook_cert_dir: PathBuf,
+    /// Do not serve admission webhooks.
+    #[arg(long)]
+    no_webhooks: bool,
+    /// Address of the health endpoints (/healthz, /readyz).
+    #[arg(long, default_value = "0.0.0.0:9440")]
+    health_addr: SocketAddr,
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init(args.log_format);
     match args.command {
+        Command::Run(run) => tokio::runtime::Runtime::new()?.block_on(run_manager(run)),
         Command::Crds { out } => write_crds(out),
     }
+}
+
+async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connect to the cluster")?;
+    let version = client
+        .apiserver_version()
+        .await
+        .context("read the apiserver version")?;
+    tracing::info!(apiserver = %version.git_version, "connected");
+    let config = ManagerConfig {
+        namespace: args.namespace,
+        watch_filter: args.watch_filter,
+        instance: std::env::var("POD_NAME").ok(),
+        webhook: (!args.no_webhooks).then_some(WebhookConfig {
+            bind: args.webhook_bind,
+            cert_dir: args.webhook_cert_dir,
+        }),
+    };
+    let health = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(args.health_addr)
+        .await
+        .with_context(|| format!("listen on {}", args.health_addr))?;
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, health).await {
+            tracing::error!(%error, "health endpoints stopped");
+        }
+    });
+    tenantry_provider::manager::run(client, config).await;
+    tracing::info!("stopped");
+    Ok(())
 }
 
 fn write_crds(out: Option<PathBuf>) -> anyhow::Result<()> {

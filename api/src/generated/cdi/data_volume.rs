@@ -3,7 +3,6 @@
 
 #[allow(unused_imports)]
 mod prelude {
-    pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     pub use kube::CustomResource;
     pub use schemars::JsonSchema;
@@ -735,7 +734,7 @@ pub struct DataVolumeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "claimName")]
     pub claim_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<Vec<Condition>>,
+    pub conditions: Option<Vec<DataVolumeStatusConditions>>,
     /// Phase is the current phase of the data volume
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
@@ -749,4 +748,29 @@ pub struct DataVolumeStatus {
         rename = "restartCount"
     )]
     pub restart_count: Option<i32>,
+}
+
+/// DataVolumeCondition represents the state of a data volume condition.
+#[derive(Serialize, Deserialize, Clone, Debug, JsonSchema, Default, PartialEq)]
+pub struct DataVolumeStatusConditions {
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastHeartbeatTime"
+    )]
+    pub last_heartbeat_time: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastTransitionTime"
+    )]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub status: String,
+    /// DataVolumeConditionType is the string representation of known condition types
+    #[serde(rename = "type")]
+    pub r#type: String,
 }

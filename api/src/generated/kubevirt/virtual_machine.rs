@@ -3,7 +3,6 @@
 
 #[allow(unused_imports)]
 mod prelude {
-    pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     pub use kube::CustomResource;
     pub use schemars::JsonSchema;
@@ -4881,7 +4880,7 @@ pub struct VirtualMachineStatus {
     pub changed_block_tracking: Option<VirtualMachineStatusChangedBlockTracking>,
     /// Hold the state information of the VirtualMachine and its VirtualMachineInstance
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<Vec<Condition>>,
+    pub conditions: Option<Vec<VirtualMachineStatusConditions>>,
     /// Created indicates if the virtual machine is created in the cluster
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<bool>,
@@ -5089,6 +5088,30 @@ pub struct VirtualMachineStatusChangedBlockTrackingBackupStatusVolumes {
     /// VolumeName is the volume name from VMI spec
     #[serde(rename = "volumeName")]
     pub volume_name: String,
+}
+
+/// VirtualMachineCondition represents the state of VirtualMachine
+#[derive(Serialize, Deserialize, Clone, Debug, JsonSchema, Default, PartialEq)]
+pub struct VirtualMachineStatusConditions {
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastProbeTime"
+    )]
+    pub last_probe_time: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastTransitionTime"
+    )]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub status: String,
+    #[serde(rename = "type")]
+    pub r#type: String,
 }
 
 /// InstancetypeRef captures the state of any referenced instance type from the VirtualMachine

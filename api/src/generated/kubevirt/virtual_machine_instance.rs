@@ -3,7 +3,6 @@
 
 #[allow(unused_imports)]
 mod prelude {
-    pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     pub use kube::CustomResource;
     pub use schemars::JsonSchema;
@@ -4032,7 +4031,7 @@ pub struct VirtualMachineInstanceStatus {
     pub changed_block_tracking: Option<VirtualMachineInstanceStatusChangedBlockTracking>,
     /// Conditions are specific points in VirtualMachineInstance's pod runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<Vec<Condition>>,
+    pub conditions: Option<Vec<VirtualMachineInstanceStatusConditions>>,
     /// CurrentCPUTopology specifies the current CPU topology used by the VM workload.
     /// Current topology may differ from the desired topology in the spec while CPU hotplug
     /// takes place.
@@ -4267,6 +4266,29 @@ pub struct VirtualMachineInstanceStatusChangedBlockTrackingBackupStatusVolumes {
     /// VolumeName is the volume name from VMI spec
     #[serde(rename = "volumeName")]
     pub volume_name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, JsonSchema, Default, PartialEq)]
+pub struct VirtualMachineInstanceStatusConditions {
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastProbeTime"
+    )]
+    pub last_probe_time: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastTransitionTime"
+    )]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub status: String,
+    #[serde(rename = "type")]
+    pub r#type: String,
 }
 
 /// CurrentCPUTopology specifies the current CPU topology used by the VM workload.

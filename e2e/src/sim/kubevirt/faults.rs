@@ -31,6 +31,12 @@ pub enum Fault {
     ImportFatal(String),
     /// See [`keys::IMPORT_DURATION`].
     SlowImport(Duration),
+    /// See [`keys::BOOTSTRAP_SENTINEL_ABSENT`] (SSH guests only).
+    BootstrapSentinelAbsent,
+    /// See [`keys::BOOTSTRAP_SENTINEL`] (SSH guests only).
+    BootstrapSentinel(String),
+    /// See [`keys::BOOTSTRAP_DURATION`] (SSH guests only).
+    SlowBootstrap(Duration),
 }
 
 /// Which objects a fault applies to: VMI faults match the VirtualMachine's
@@ -171,6 +177,17 @@ impl Faults {
             if let Some(grace) = annotation(object, keys::SHUTDOWN_GRACE).and_then(parse_duration) {
                 faults.shutdown_grace.get_or_insert(grace);
             }
+            if annotation(object, keys::BOOTSTRAP_SENTINEL_ABSENT).is_some() {
+                faults.sentinel_absent = true;
+            }
+            if let Some(content) = annotation(object, keys::BOOTSTRAP_SENTINEL) {
+                faults.sentinel.get_or_insert_with(|| content.to_string());
+            }
+            if let Some(duration) =
+                annotation(object, keys::BOOTSTRAP_DURATION).and_then(parse_duration)
+            {
+                faults.bootstrap_duration.get_or_insert(duration);
+            }
         }
         let namespace = vmi.metadata.namespace.as_deref().unwrap_or("default");
         let name = vmi.metadata.name.as_deref().unwrap_or_default();
@@ -184,6 +201,13 @@ impl Faults {
                     faults.image_pull.get_or_insert(message);
                 }
                 Fault::HungGuest => faults.hung_guest = true,
+                Fault::BootstrapSentinelAbsent => faults.sentinel_absent = true,
+                Fault::BootstrapSentinel(content) => {
+                    faults.sentinel.get_or_insert(content);
+                }
+                Fault::SlowBootstrap(duration) => {
+                    faults.bootstrap_duration.get_or_insert(duration);
+                }
                 Fault::ImportError(_) | Fault::ImportFatal(_) | Fault::SlowImport(_) => {}
             }
         }
@@ -231,7 +255,10 @@ impl Faults {
                 Fault::Unschedulable(_)
                 | Fault::FailAtStart
                 | Fault::ImagePullError(_)
-                | Fault::HungGuest => {}
+                | Fault::HungGuest
+                | Fault::BootstrapSentinelAbsent
+                | Fault::BootstrapSentinel(_)
+                | Fault::SlowBootstrap(_) => {}
             }
         }
         faults
@@ -255,6 +282,12 @@ pub(super) struct VmiFaults {
     pub image_pull: Option<Option<String>>,
     pub hung_guest: bool,
     pub shutdown_grace: Option<Duration>,
+    /// The guest's bootstrap never writes CAPI's sentinel file.
+    pub sentinel_absent: bool,
+    /// The guest's bootstrap writes this instead of `success`.
+    pub sentinel: Option<String>,
+    /// How long the guest's bootstrap takes.
+    pub bootstrap_duration: Option<Duration>,
 }
 
 /// The import faults in force for one DataVolume.
@@ -302,6 +335,27 @@ mod tests {
         assert_eq!(resolved.image_pull, None);
         faults.clear(id);
         assert!(!faults.for_vmi(&vmi, None).fail_at_start);
+    }
+
+    #[test]
+    fn bootstrap_faults_resolve_from_annotations_and_rules() {
+        let faults = Faults::default();
+        let vm = object(
+            "vm-b",
+            &[
+                (keys::BOOTSTRAP_SENTINEL, "failed"),
+                (keys::BOOTSTRAP_DURATION, "2s"),
+            ],
+        );
+        let resolved = faults.for_vmi(&object("vm-b", &[]), Some(&vm));
+        assert_eq!(resolved.sentinel.as_deref(), Some("failed"));
+        assert_eq!(resolved.bootstrap_duration, Some(Duration::from_secs(2)));
+        assert!(!resolved.sentinel_absent);
+        faults.inject(
+            FaultTarget::named("ns", "vm-b"),
+            Fault::BootstrapSentinelAbsent,
+        );
+        assert!(faults.for_vmi(&object("vm-b", &[]), None).sentinel_absent);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 mod cdi;
 mod faults;
+mod guest;
 mod image_factory;
 mod importer;
 mod ip_pool;
@@ -43,6 +44,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use tokio::task::JoinHandle;
 
 pub use faults::{Fault, FaultId, FaultTarget, Faults};
+pub use guest::{BOOTSTRAP_SENTINEL, SshGuestConfig};
 pub use image_factory::{DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig};
 
 use crate::manifests;
@@ -101,6 +103,18 @@ pub mod annotations {
     /// On a DataVolume (or its VM): the import takes at least this long
     /// (a duration such as `20s`), reporting progress along the way.
     pub const IMPORT_DURATION: &str = "sim.tenantry.dev/import-duration";
+    /// On a VirtualMachine (or its VMI), with SSH guests: the guest's
+    /// bootstrap never writes CAPI's sentinel
+    /// `/run/cluster-api/bootstrap-success.complete`, as when `kubeadm join`
+    /// fails before `echo success`.
+    pub const BOOTSTRAP_SENTINEL_ABSENT: &str = "sim.tenantry.dev/bootstrap-sentinel-absent";
+    /// On a VirtualMachine (or its VMI), with SSH guests: the sentinel holds
+    /// this value instead of `success`.
+    pub const BOOTSTRAP_SENTINEL: &str = "sim.tenantry.dev/bootstrap-sentinel";
+    /// On a VirtualMachine (or its VMI), with SSH guests: the guest's
+    /// bootstrap takes this long (a duration such as `5s`), overriding
+    /// [`super::SshGuestConfig::bootstrap_duration`].
+    pub const BOOTSTRAP_DURATION: &str = "sim.tenantry.dev/bootstrap-duration";
 }
 
 /// Annotations the simulator writes on a PVC after a successful import, so
@@ -113,6 +127,11 @@ pub mod imported {
     /// The compression the source had: `none`, `xz` or `gz`.
     pub const COMPRESSION: &str = "sim.tenantry.dev/imported-compression";
 }
+
+/// A pool of loopback addresses for VMIs whose guests run SSH servers
+/// (Linux routes all of 127.0.0.0/8 to loopback). Simulators may share it:
+/// an address whose SSH port is taken is skipped.
+pub const LOOPBACK_IP_POOL: &str = "127.10.0.0/16";
 
 /// How the simulator behaves. [`KubevirtSimConfig::default`] is paced like a
 /// small real cluster; [`KubevirtSimConfig::fast`] suits tests.
@@ -154,6 +173,10 @@ pub struct KubevirtSimConfig {
     pub guest_os: serde_json::Value,
     /// `status.launcherContainerImageVersion` of scheduled VMIs.
     pub launcher_image: String,
+    /// Guests that read their cloud-init users and run an SSH server on the
+    /// VMI's first IP (see `README.md`); `None`: no guest listens. Needs
+    /// `ip_pool` inside 127.0.0.0/8; see [`KubevirtSimConfig::with_ssh_guests`].
+    pub ssh_guests: Option<SshGuestConfig>,
 }
 
 impl Default for KubevirtSimConfig {
@@ -186,6 +209,7 @@ impl Default for KubevirtSimConfig {
                 "machine": "x86_64",
             }),
             launcher_image: "quay.io/kubevirt/virt-launcher:v1.9.0".into(),
+            ssh_guests: None,
         }
     }
 }
@@ -201,6 +225,16 @@ impl KubevirtSimConfig {
             start_backoff_base: Duration::from_millis(300),
             image_pull_backoff: Duration::from_millis(500),
             ..Self::default()
+        }
+    }
+
+    /// Guests run SSH servers, on loopback addresses from
+    /// [`LOOPBACK_IP_POOL`].
+    pub fn with_ssh_guests(self, guests: SshGuestConfig) -> Self {
+        Self {
+            ip_pool: LOOPBACK_IP_POOL.into(),
+            ssh_guests: Some(guests),
+            ..self
         }
     }
 }
@@ -247,6 +281,7 @@ impl KubevirtSimulator {
             anyhow::bail!("the simulator needs at least one node name");
         }
         let context = resources::Context::new(client, config, ips);
+        context.guests.check_pool(&context.config.ip_pool)?;
         context
             .ips
             .seed_from_cluster(&context.client)
@@ -271,6 +306,13 @@ impl KubevirtSimulator {
     /// The configuration it runs with.
     pub fn config(&self) -> &KubevirtSimConfig {
         &self.context.config
+    }
+
+    /// The console log of the guests of VM `namespace/name` (SSH guests
+    /// only): cloud-init's users, sshd's logins and commands, and why sshd
+    /// could not listen, if it could not.
+    pub fn guest_log(&self, namespace: &str, name: &str) -> Vec<String> {
+        self.context.guests.log(namespace, name)
     }
 
     /// How many imports (including restarts) the CDI importer has started.
@@ -323,6 +365,7 @@ impl KubevirtSimulator {
     /// simulator started writes to the cluster after this returns.
     pub async fn stop(mut self) {
         self.context.imports.abort_all();
+        self.context.guests.stop_all();
         for task in &self.tasks {
             task.abort();
         }
@@ -336,6 +379,7 @@ impl KubevirtSimulator {
 impl Drop for KubevirtSimulator {
     fn drop(&mut self) {
         self.context.imports.abort_all();
+        self.context.guests.stop_all();
         for task in &self.tasks {
             task.abort();
         }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::KubevirtSimConfig;
 use super::faults::Faults;
+use super::guest::Guests;
 use super::importer::Imports;
 use super::ip_pool::IpPool;
 
@@ -61,16 +62,19 @@ pub(super) struct Context {
     pub faults: Faults,
     pub ips: IpPool,
     pub imports: Imports,
+    pub guests: Guests,
 }
 
 impl Context {
     pub fn new(client: kube::Client, config: KubevirtSimConfig, ips: IpPool) -> Arc<Self> {
+        let guests = Guests::new(config.ssh_guests.clone());
         Arc::new(Self {
             client,
             config,
             faults: Faults::default(),
             ips,
             imports: Imports::default(),
+            guests,
         })
     }
 

@@ -314,7 +314,13 @@ fn interfaces(context: &Context, vmi: &DynamicObject, agent: bool) -> anyhow::Re
         .enumerate()
     {
         let name = interface["name"].as_str().unwrap_or("default");
-        let ip = context.ips.allocate()?.to_string();
+        // The first interface's address is where an SSH guest listens.
+        let ip = if index == 0 && context.guests.enabled() {
+            context.guests.claim_address(&context.ips)?
+        } else {
+            context.ips.allocate()?
+        }
+        .to_string();
         let mac = interface["macAddress"]
             .as_str()
             .map(String::from)
@@ -440,6 +446,7 @@ async fn step(
     // finalizer; without an owner VM nobody else will drop the VM
     // controller's.
     if matches!(phase.as_str(), "Failed" | "Succeeded") {
+        context.guests.stop(vmi);
         update.remove_finalizer(VMI_FINALIZER);
         update.status.remove("launcherContainerImageVersion");
         if vm.is_none() {
@@ -449,6 +456,8 @@ async fn step(
     }
 
     if let Some(deleted) = vmi.metadata.deletion_timestamp.as_ref().map(from_k8s) {
+        // The guest is shutting down: sshd is among the first to go.
+        context.guests.stop(vmi);
         match phase.as_str() {
             // No guest yet: the launcher pod just goes.
             "" | "Pending" | "Scheduling" => {
@@ -472,6 +481,7 @@ async fn step(
 
     // One-shot requests on the VMI itself.
     if annotation(vmi, keys::FAIL).is_some() {
+        context.guests.stop(vmi);
         update.set(pod_terminating());
         update.set_phase("Failed");
         return Ok(());
@@ -479,6 +489,7 @@ async fn step(
     if annotation(vmi, keys::SHUTDOWN).is_some()
         && matches!(phase.as_str(), "Scheduled" | "Running")
     {
+        context.guests.stop(vmi);
         update.set(pod_terminating());
         update.set_phase("Succeeded");
         return Ok(());
@@ -654,6 +665,11 @@ async fn running(
         ));
     } else {
         update.set(ready("True", "", ""));
+        // A booted guest: cloud-init's users and sshd (SSH guests only).
+        context
+            .guests
+            .ensure_running(&context.client, vmi, &update.status, faults)
+            .await;
     }
     Ok(())
 }

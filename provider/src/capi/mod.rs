@@ -1,0 +1,11 @@
+//! The Cluster API contract as seen from an infrastructure provider: finding
+//! the owner Machine and the Cluster, pausing, bootstrap data, conditions.
+//! Shared by both substrates.
+
+pub mod bootstrap;
+pub mod conditions;
+pub mod owner;
+pub mod pause;
+
+pub use tenantry_api::generated::capi::cluster::Cluster;
+pub use tenantry_api::generated::capi::machine::Machine;

@@ -1,0 +1,103 @@
+//! Finding the Machine that owns an infrastructure machine and the Cluster it
+//! belongs to.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::Api;
+use tenantry_api::contract::CLUSTER_NAME_LABEL;
+
+use super::{Cluster, Machine};
+
+/// The API group of Cluster API core kinds.
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+
+/// The owner reference to a CAPI Machine, whatever API version CAPI wrote.
+pub fn machine_owner(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references.iter().flatten().find(|owner| {
+        owner.kind == "Machine" && owner.api_version.split('/').next() == Some(CAPI_GROUP)
+    })
+}
+
+/// The name of the Cluster an object belongs to: CAPI's cluster-name label.
+pub fn cluster_name(meta: &ObjectMeta) -> Option<&str> {
+    meta.labels
+        .as_ref()?
+        .get(CLUSTER_NAME_LABEL)
+        .map(String::as_str)
+}
+
+/// Reads the owner Machine, if the object has one and it still exists.
+pub async fn get_owner_machine(
+    client: &kube::Client,
+    meta: &ObjectMeta,
+) -> kube::Result<Option<Machine>> {
+    let (Some(owner), Some(namespace)) = (machine_owner(meta), meta.namespace.as_deref()) else {
+        return Ok(None);
+    };
+    Api::<Machine>::namespaced(client.clone(), namespace)
+        .get_opt(&owner.name)
+        .await
+}
+
+/// Reads the Cluster by name, if it exists.
+pub async fn get_cluster(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> kube::Result<Option<Cluster>> {
+    Api::<Cluster>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+}
+
+/// Whether the Cluster's infrastructure is provisioned (v1beta2 field).
+pub fn infrastructure_provisioned(cluster: &Cluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.infrastructure_provisioned)
+        .unwrap_or(false)
+}
+
+/// Whether the Cluster's control plane is initialized (v1beta2 field).
+pub fn control_plane_initialized(cluster: &Cluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.control_plane_initialized)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(api_version: &str, kind: &str, name: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: "u".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn machine_owner_accepts_any_capi_version_and_ignores_other_kinds() {
+        let meta = ObjectMeta {
+            owner_references: Some(vec![
+                owner(
+                    "infrastructure.cluster.x-k8s.io/v1alpha1",
+                    "Machine",
+                    "not-capi",
+                ),
+                owner("cluster.x-k8s.io/v1beta1", "MachineSet", "set"),
+                owner("cluster.x-k8s.io/v1beta2", "Machine", "m-1"),
+            ]),
+            ..Default::default()
+        };
+        assert_eq!(machine_owner(&meta).map(|o| o.name.as_str()), Some("m-1"));
+        assert!(machine_owner(&ObjectMeta::default()).is_none());
+    }
+}

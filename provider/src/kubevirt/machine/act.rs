@@ -1,0 +1,183 @@
+//! Writes to the infrastructure cluster for one KubevirtMachine. Each step is
+//! idempotent, so a crash between any two is harmless.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use tenantry_api::generated::cdi::data_volume::DataVolume;
+use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
+use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
+use tenantry_api::kubevirt::KubevirtMachine;
+
+use crate::kubevirt::infra::InfraCluster;
+use crate::kubevirt::render::{MACHINE_NAME_LABEL, MACHINE_NAMESPACE_LABEL};
+use crate::runtime::FIELD_MANAGER;
+
+/// The Secret holding a machine's bootstrap data for the config drive.
+pub fn userdata_secret_name(machine_name: &str) -> String {
+    format!("{machine_name}-userdata")
+}
+
+/// The key KubeVirt reads user data from in `userDataSecretRef`.
+pub const USERDATA_KEY: &str = "userdata";
+
+/// Owner reference to the KubevirtMachine, for objects in the same cluster
+/// (owner references cannot cross clusters).
+fn owner(machine: &KubevirtMachine, infra: &InfraCluster) -> Option<Vec<OwnerReference>> {
+    if infra.external {
+        return None;
+    }
+    machine.controller_owner_ref(&()).map(|o| vec![o])
+}
+
+/// Creates or updates the userdata Secret.
+pub async fn apply_userdata_secret(
+    machine: &KubevirtMachine,
+    infra: &InfraCluster,
+    labels: &BTreeMap<String, String>,
+    data: &[u8],
+) -> kube::Result<()> {
+    let name = userdata_secret_name(machine.metadata.name.as_deref().unwrap_or_default());
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(infra.namespace.clone()),
+            labels: Some(labels.clone()),
+            owner_references: owner(machine, infra),
+            ..Default::default()
+        },
+        type_: Some("cluster.x-k8s.io/secret".into()),
+        data: Some(BTreeMap::from([(
+            USERDATA_KEY.to_string(),
+            ByteString(data.to_vec()),
+        )])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(infra.client.clone(), &infra.namespace)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Creates the VM unless it exists. An existing VM is never replaced: its
+/// disks hold the machine's state, and a changed template rolls machines
+/// through CAPI instead.
+pub async fn create_virtual_machine(
+    machine: &KubevirtMachine,
+    infra: &InfraCluster,
+    mut vm: VirtualMachine,
+) -> kube::Result<bool> {
+    vm.metadata.owner_references = owner(machine, infra);
+    let api = Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace);
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &vm,
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// What is left of a machine in the infrastructure cluster.
+#[derive(Debug, Default)]
+pub struct Remains {
+    pub virtual_machine: bool,
+    pub instance: bool,
+    pub data_volumes: Vec<String>,
+    pub userdata_secret: bool,
+}
+
+impl Remains {
+    pub fn is_empty(&self) -> bool {
+        !self.virtual_machine
+            && !self.instance
+            && self.data_volumes.is_empty()
+            && !self.userdata_secret
+    }
+
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.virtual_machine {
+            parts.push("VirtualMachine".to_string());
+        }
+        if self.instance {
+            parts.push("VirtualMachineInstance".to_string());
+        }
+        if !self.data_volumes.is_empty() {
+            parts.push(format!("DataVolumes {}", self.data_volumes.join(", ")));
+        }
+        if self.userdata_secret {
+            parts.push("userdata Secret".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
+/// Asks for everything of the machine to be deleted and reports what is
+/// still there. The VM goes first; KubeVirt stops its instance, and the
+/// DataVolumes go with the VM. DataVolumes are also deleted directly, for a
+/// VM that never got created or an infrastructure cluster without a garbage
+/// collector.
+pub async fn delete_machine_objects(
+    machine: &KubevirtMachine,
+    infra: &InfraCluster,
+) -> kube::Result<Remains> {
+    let name = machine.metadata.name.clone().unwrap_or_default();
+    let machine_namespace = machine.metadata.namespace.clone().unwrap_or_default();
+    let client = &infra.client;
+    let namespace = &infra.namespace;
+    let vms = Api::<VirtualMachine>::namespaced(client.clone(), namespace);
+    let vmis = Api::<VirtualMachineInstance>::namespaced(client.clone(), namespace);
+    let dvs = Api::<DataVolume>::namespaced(client.clone(), namespace);
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+
+    let mut remains = Remains::default();
+    if let Some(vm) = vms.get_opt(&name).await? {
+        remains.virtual_machine = true;
+        if vm.metadata.deletion_timestamp.is_none() {
+            delete_ignoring_absent(&vms, &name).await?;
+        }
+    }
+    remains.instance = vmis.get_opt(&name).await?.is_some();
+    let selector =
+        format!("{MACHINE_NAME_LABEL}={name},{MACHINE_NAMESPACE_LABEL}={machine_namespace}");
+    for dv in dvs.list(&ListParams::default().labels(&selector)).await? {
+        let dv_name = dv.metadata.name.clone().unwrap_or_default();
+        if dv.metadata.deletion_timestamp.is_none() && !remains.virtual_machine {
+            delete_ignoring_absent(&dvs, &dv_name).await?;
+        }
+        remains.data_volumes.push(dv_name);
+    }
+    let secret_name = userdata_secret_name(&name);
+    if secrets.get_opt(&secret_name).await?.is_some() {
+        remains.userdata_secret = true;
+        delete_ignoring_absent(&secrets, &secret_name).await?;
+    }
+    Ok(remains)
+}
+
+async fn delete_ignoring_absent<K>(api: &Api<K>, name: &str) -> kube::Result<()>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error),
+    }
+}

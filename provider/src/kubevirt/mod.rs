@@ -1,0 +1,9 @@
+//! The KubeVirt substrate: KubevirtCluster and KubevirtMachine reconcilers
+//! and the pure rendering of their VirtualMachines.
+
+pub mod cluster;
+pub mod infra;
+pub mod machine;
+pub mod render;
+pub mod ssh;
+pub mod template;

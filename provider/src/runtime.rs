@@ -1,0 +1,250 @@
+//! What every reconciler shares: the context (client, events, settings), the
+//! error policy with per-object exponential backoff, and status writing.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The field manager of every write tenantry makes.
+pub const FIELD_MANAGER: &str = "tenantry";
+
+/// Settings that apply to all controllers of one manager.
+#[derive(Clone, Debug, Default)]
+pub struct ManagerConfig {
+    /// Watch only this namespace (CAPI's `--namespace`); all when unset.
+    pub namespace: Option<String>,
+    /// Reconcile only objects labelled `cluster.x-k8s.io/watch-filter=<value>`
+    /// (CAPI's `--watch-filter`), for sharding tenants across managers.
+    pub watch_filter: Option<String>,
+    /// Identity reported on Kubernetes Events (the pod name in a cluster).
+    pub instance: Option<String>,
+    /// Serve the admission webhooks, when set.
+    pub webhook: Option<crate::webhook::WebhookConfig>,
+}
+
+impl ManagerConfig {
+    /// The label selector implementing `--watch-filter`, if any.
+    pub fn label_selector(&self) -> Option<String> {
+        self.watch_filter
+            .as_ref()
+            .map(|value| format!("cluster.x-k8s.io/watch-filter={value}"))
+    }
+
+    /// A watcher configuration honouring the watch filter.
+    pub fn watcher_config(&self) -> kube::runtime::watcher::Config {
+        let config = kube::runtime::watcher::Config::default().any_semantic();
+        match self.label_selector() {
+            Some(selector) => config.labels(&selector),
+            None => config,
+        }
+    }
+
+    /// An Api for a namespaced kind, scoped to the watched namespace.
+    pub fn api<K>(&self, client: &kube::Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + DeserializeOwned
+            + Clone
+            + Debug,
+    {
+        match &self.namespace {
+            Some(namespace) => Api::namespaced(client.clone(), namespace),
+            None => Api::all(client.clone()),
+        }
+    }
+}
+
+/// Shared by all reconciles of one controller.
+pub struct Context {
+    pub client: kube::Client,
+    pub config: ManagerConfig,
+    recorder: Recorder,
+    backoff: Backoff,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, config: ManagerConfig, controller: &str) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: format!("tenantry-{controller}"),
+            instance: config.instance.clone(),
+        };
+        Arc::new(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            backoff: Backoff::default(),
+        })
+    }
+
+    /// Publishes a Kubernetes Event about an object. Failing to publish is
+    /// logged, never fatal: events are for humans, status is the record.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let reference: ObjectReference = object.object_ref(&());
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(note, 1000)),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, reason, "could not publish event");
+        }
+    }
+
+    /// The per-object backoff the error policy uses.
+    pub fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// Per-object exponential backoff after errors: 1 s doubling to 5 min,
+/// reset by the next successful reconcile.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    const BASE: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(300);
+
+    /// Records a failure of `key`; returns how long to wait before retrying.
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().expect("backoff lock");
+        let count = failures.entry(key.to_string()).or_insert(0);
+        *count = count.saturating_add(1);
+        let factor = 2u32.saturating_pow((*count - 1).min(16));
+        (Self::BASE * factor).min(Self::MAX)
+    }
+
+    /// Forgets the failures of `key`.
+    pub fn succeeded(&self, key: &str) {
+        self.failures.lock().expect("backoff lock").remove(key);
+    }
+}
+
+/// The key of an object in the backoff table.
+pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    ObjectRef::from_obj(object).to_string()
+}
+
+/// Errors know whether they are expected waiting (not logged as failures, no
+/// backoff growth) and how long to wait.
+pub trait ReconcileError: std::error::Error {
+    /// `Some(delay)` when this "error" is a deliberate wait, e.g. for a VM to
+    /// be gone before a finalizer may go.
+    fn wait(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The error policy every controller uses: deliberate waits requeue after
+/// their delay; real errors back off exponentially per object.
+pub fn error_policy<K, E>(object: Arc<K>, error: &E, ctx: Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+    E: ReconcileError,
+{
+    if let Some(delay) = error.wait() {
+        return Action::requeue(delay);
+    }
+    let key = object_key(object.as_ref());
+    let delay = ctx.backoff().failed(&key);
+    tracing::warn!(object = %key, error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Writes an object's status with server-side apply under tenantry's field
+/// manager; skips the write when nothing changed.
+pub async fn apply_status<K, S>(
+    api: &Api<K>,
+    object: &K,
+    current: Option<&S>,
+    desired: &S,
+) -> kube::Result<()>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    S: Serialize + PartialEq,
+{
+    if current == Some(desired) {
+        return Ok(());
+    }
+    let name = object.meta().name.clone().unwrap_or_default();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": desired,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes_and_resets() {
+        let backoff = Backoff::default();
+        let delays: Vec<u64> = (0..12).map(|_| backoff.failed("a").as_secs()).collect();
+        assert_eq!(&delays[..5], &[1, 2, 4, 8, 16]);
+        assert_eq!(*delays.last().unwrap(), 300);
+        assert_eq!(
+            backoff.failed("b").as_secs(),
+            1,
+            "objects back off independently"
+        );
+        backoff.succeeded("a");
+        assert_eq!(backoff.failed("a").as_secs(), 1);
+    }
+
+    #[test]
+    fn watch_filter_becomes_a_label_selector() {
+        let config = ManagerConfig {
+            watch_filter: Some("shard-1".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            config.label_selector().as_deref(),
+            Some("cluster.x-k8s.io/watch-filter=shard-1")
+        );
+        assert_eq!(ManagerConfig::default().label_selector(), None);
+    }
+}

@@ -1,0 +1,92 @@
+//! The ValidatingWebhookConfiguration for tenantry's webhooks, generated from
+//! one list so the deployed YAML and the served paths cannot drift apart.
+
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use kube::api::ObjectMeta;
+
+/// The configuration's name.
+pub const VALIDATING_CONFIGURATION_NAME: &str = "tenantry-validating-webhook-configuration";
+
+/// One validating webhook: which kind it guards and where it is served.
+pub struct ValidatingEndpoint {
+    pub name: &'static str,
+    pub path: &'static str,
+    pub group: &'static str,
+    pub version: &'static str,
+    pub resource: &'static str,
+    pub operations: &'static [&'static str],
+}
+
+/// Every validating webhook tenantry serves.
+pub const VALIDATING_ENDPOINTS: &[ValidatingEndpoint] = &[
+    ValidatingEndpoint {
+        name: "validation.kubevirtmachinetemplate.infrastructure.cluster.x-k8s.io",
+        path: "/validate-infrastructure-cluster-x-k8s-io-v1alpha1-kubevirtmachinetemplate",
+        group: "infrastructure.cluster.x-k8s.io",
+        version: "v1alpha1",
+        resource: "kubevirtmachinetemplates",
+        operations: &["UPDATE"],
+    },
+    ValidatingEndpoint {
+        name: "validation.kubevirtclustertemplate.infrastructure.cluster.x-k8s.io",
+        path: "/validate-infrastructure-cluster-x-k8s-io-v1alpha1-kubevirtclustertemplate",
+        group: "infrastructure.cluster.x-k8s.io",
+        version: "v1alpha1",
+        resource: "kubevirtclustertemplates",
+        operations: &["UPDATE"],
+    },
+    ValidatingEndpoint {
+        name: "validation.proxmoxmachinetemplate.infrastructure.cluster.x-k8s.io",
+        path: "/validate-infrastructure-cluster-x-k8s-io-v1alpha2-proxmoxmachinetemplate",
+        group: "infrastructure.cluster.x-k8s.io",
+        version: "v1alpha2",
+        resource: "proxmoxmachinetemplates",
+        operations: &["UPDATE"],
+    },
+    ValidatingEndpoint {
+        name: "validation.proxmoxclustertemplate.infrastructure.cluster.x-k8s.io",
+        path: "/validate-infrastructure-cluster-x-k8s-io-v1alpha2-proxmoxclustertemplate",
+        group: "infrastructure.cluster.x-k8s.io",
+        version: "v1alpha2",
+        resource: "proxmoxclustertemplates",
+        operations: &["UPDATE"],
+    },
+];
+
+/// The configuration, each webhook's client config made by `client_config`
+/// from its path (a Service reference when deployed, a URL in tests).
+pub fn validating_configuration(
+    client_config: impl Fn(&str) -> WebhookClientConfig,
+) -> ValidatingWebhookConfiguration {
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(VALIDATING_CONFIGURATION_NAME.into()),
+            ..Default::default()
+        },
+        webhooks: Some(
+            VALIDATING_ENDPOINTS
+                .iter()
+                .map(|endpoint| ValidatingWebhook {
+                    name: endpoint.name.into(),
+                    admission_review_versions: vec!["v1".into()],
+                    client_config: client_config(endpoint.path),
+                    failure_policy: Some("Fail".into()),
+                    match_policy: Some("Equivalent".into()),
+                    side_effects: "None".into(),
+                    rules: Some(vec![RuleWithOperations {
+                        api_groups: Some(vec![endpoint.group.into()]),
+                        api_versions: Some(vec![endpoint.version.into()]),
+                        operations: Some(
+                            endpoint.operations.iter().map(|o| o.to_string()).collect(),
+                        ),
+                        resources: Some(vec![endpoint.resource.into()]),
+                        scope: Some("Namespaced".into()),
+                    }]),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}

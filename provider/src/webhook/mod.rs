@@ -1,0 +1,10 @@
+//! Admission webhooks served by the `tenantry` binary: what CRD schemas and
+//! CEL rules cannot express. Today: infrastructure templates (KubeVirt and
+//! Proxmox) are immutable except for the dry-run requests of CAPI's
+//! topology controller.
+
+pub mod configuration;
+pub mod server;
+pub mod templates;
+
+pub use server::{WebhookConfig, serve};
