@@ -26,6 +26,9 @@ pub async fn run(client: kube::Client, config: ManagerConfig) {
             crate::kubevirt::cluster::run(context("kubevirtcluster")),
             crate::kubevirt::machine::run(context("kubevirtmachine")),
             crate::kubevirt::template::run(context("kubevirtmachinetemplate")),
+            crate::proxmox::cluster::run(context("proxmoxcluster")),
+            crate::proxmox::machine::run(context("proxmoxmachine")),
+            crate::proxmox::template::run(context("proxmoxmachinetemplate")),
         );
     };
     tokio::select! {

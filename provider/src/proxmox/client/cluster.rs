@@ -75,6 +75,33 @@ pub struct NodeApi<'a> {
 }
 
 #[derive(Serialize)]
+struct TasksQuery<'q> {
+    /// `active`: only running tasks (PVE's default, `archive`, lists
+    /// finished ones).
+    source: &'q str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    typefilter: Option<&'q str>,
+    limit: u32,
+}
+
+/// A row of `GET /nodes/{node}/tasks`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct TaskSummary {
+    pub upid: String,
+    #[serde(default, rename = "type")]
+    pub task_type: Option<String>,
+    /// `running` while it runs; the exit status once stopped.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+impl TaskSummary {
+    pub fn is_running(&self) -> bool {
+        self.status.as_deref().is_none_or(|s| s == "running")
+    }
+}
+
+#[derive(Serialize)]
 struct StorageQuery<'q> {
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'q str>,
@@ -104,6 +131,24 @@ impl<'a> NodeApi<'a> {
         self.client
             .get(&api_path(&["nodes", &self.node, "qemu"]), &NoParams)
             .await
+    }
+
+    /// `GET /nodes/{node}/tasks?source=active[&typefilter=…]`: the running
+    /// tasks the token may see (its own, or all with `Sys.Audit` on the
+    /// node), e.g. to find a clone in flight after a restart.
+    pub async fn active_tasks(&self, task_type: Option<&str>) -> Result<Vec<TaskSummary>> {
+        let tasks: Vec<TaskSummary> = self
+            .client
+            .get(
+                &api_path(&["nodes", &self.node, "tasks"]),
+                &TasksQuery {
+                    source: "active",
+                    typefilter: task_type,
+                    limit: 500,
+                },
+            )
+            .await?;
+        Ok(tasks.into_iter().filter(TaskSummary::is_running).collect())
     }
 
     /// `GET /nodes/{node}/storage[?content=iso]`.

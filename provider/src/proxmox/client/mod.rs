@@ -49,7 +49,7 @@ use serde::de::DeserializeOwned;
 pub use access::AccessApi;
 pub use agent::AgentApi;
 pub use auth::{Credentials, CredentialsError, TokenId, TokenSecret};
-pub use cluster::{ClusterApi, NodeApi};
+pub use cluster::{ClusterApi, NodeApi, TaskSummary};
 pub use config::{ApiUrl, ClientConfig, ConfigError, TlsVerification};
 pub use error::{ProxmoxError, Result, classify};
 pub use pools::{PoolUpdate, PoolsApi};

@@ -1,0 +1,1543 @@
+//! ProxmoxCluster and ProxmoxMachine end to end: the real kube-apiserver,
+//! the real Cluster API core manager, the real in-cluster IPAM provider,
+//! tenantry's reconcilers in-process and the PVE simulator over HTTPS.
+//!
+//! The hypervisor is set up through the PVE API as a platform operator
+//! would with `pveum`/`qm`: a template in a `templates` pool, one pool, one
+//! user and one privilege-separated token per tenant, with the least
+//! privileges `docs/proxmox.md` lists. Everything asserted is what a user
+//! sees: object status, conditions, events, and what exists on the
+//! hypervisor.
+
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
+use tenantry_api::generated::capi::machine::Machine;
+use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
+use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate};
+use tenantry_e2e::sim::proxmox::{
+    ApiToken, ClusterSnapshot, DropMode, NodeSpec, PveSimConfig, PveSimulator, RequestMatch,
+    StorageSpec, StorageType, Trigger, VmPower, VmSnapshot,
+};
+use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
+use tenantry_provider::proxmox::client::{
+    ApiUrl, ClientConfig, Credentials, ProxmoxClient, ProxmoxError, TlsVerification,
+};
+
+const DEADLINE: Duration = Duration::from_secs(180);
+const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
+const TEMPLATE: u32 = 9000;
+const TEMPLATE_NODE: &str = "pve1";
+const CREDENTIALS: &str = "pve-credentials";
+
+// ---------------------------------------------------------------- the hypervisor
+
+/// The PVE simulator and a root client for setting it up.
+struct Pve {
+    sim: PveSimulator,
+    http: reqwest::Client,
+    auth: String,
+}
+
+/// Two nodes of different sizes; per tenant a disk storage and an ISO
+/// storage (shared, so clones may land on either node); the templates on a
+/// shared storage of their own.
+fn sim_config() -> PveSimConfig {
+    let mut config = PveSimConfig::for_tests();
+    config.cluster_name = Some("lab".into());
+    config.nodes = vec![NodeSpec::new("pve1", 16, 64), NodeSpec::new("pve2", 8, 32)];
+    config.storages = vec![
+        StorageSpec::new("local", StorageType::Dir, &["iso", "vztmpl", "images"]),
+        StorageSpec::new("templates", StorageType::Rbd, &["images"]),
+    ];
+    for tenant in [
+        "tenant-a", "tenant-b", "no-clone", "no-space", "broad", "flaky", "restart", "crowd",
+    ] {
+        config.storages.push(StorageSpec::new(
+            format!("{tenant}-disks"),
+            StorageType::Rbd,
+            &["images"],
+        ));
+        config.storages.push(StorageSpec::new(
+            format!("{tenant}-iso"),
+            StorageType::Nfs,
+            &["iso"],
+        ));
+    }
+    config
+}
+
+impl Pve {
+    async fn start(config: PveSimConfig) -> Self {
+        let sim = PveSimulator::start(config)
+            .await
+            .expect("start the PVE simulator");
+        let http = http_trusting(sim.ca_pem());
+        let auth = sim.root_token().authorization();
+        let pve = Self { sim, http, auth };
+        pve.setup_hypervisor().await;
+        pve
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.sim.api_url(), path.trim_start_matches('/'))
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Value {
+        let response = request
+            .header("Authorization", &self.auth)
+            .send()
+            .await
+            .expect("PVE setup request");
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        assert!(
+            status.is_success(),
+            "PVE setup call failed: {status} {body}"
+        );
+        body["data"].clone()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.send(self.http.post(self.url(path)).json(&body)).await
+    }
+
+    async fn put(&self, path: &str, form: &[(&str, &str)]) -> Value {
+        self.send(self.http.put(self.url(path)).form(form)).await
+    }
+
+    async fn wait_task(&self, upid: &Value) {
+        let upid = upid.as_str().expect("a UPID").to_string();
+        let node = upid.split(':').nth(1).expect("UPID node").to_string();
+        let path = format!("/nodes/{node}/tasks/{upid}/status");
+        let status = wait::until(format!("task {upid}"), DEADLINE, || {
+            let path = path.clone();
+            async move {
+                let status = self.send(self.http.get(self.url(&path))).await;
+                Ok((status["status"] == "stopped").then_some(status))
+            }
+        })
+        .await
+        .expect("task ends");
+        assert_eq!(status["exitstatus"], "OK", "task {upid}");
+    }
+
+    /// `pveum pool add templates`, a template VM 9000 in it, and a role for
+    /// node auditing and one for the seed ISO storage.
+    async fn setup_hypervisor(&self) {
+        self.post(
+            "/pools",
+            json!({ "poolid": "templates", "comment": "VM templates" }),
+        )
+        .await;
+        let created = self
+            .post(
+                &format!("/nodes/{TEMPLATE_NODE}/qemu"),
+                json!({
+                    "vmid": TEMPLATE, "name": "talos-template", "cores": 2, "memory": 2048,
+                    "scsihw": "virtio-scsi-single", "scsi0": "templates:8", "net0": "virtio,bridge=vmbr0",
+                    "agent": 1, "pool": "templates", "tags": "talos",
+                }),
+            )
+            .await;
+        self.wait_task(&created).await;
+        let converted = self
+            .post(
+                &format!("/nodes/{TEMPLATE_NODE}/qemu/{TEMPLATE}/template"),
+                json!({}),
+            )
+            .await;
+        if converted.is_string() {
+            self.wait_task(&converted).await;
+        }
+        self.post(
+            "/access/roles",
+            json!({ "roleid": "TenantryNodeAudit", "privs": "Sys.Audit" }),
+        )
+        .await;
+        self.post(
+            "/access/roles",
+            json!({ "roleid": "TenantrySeedStore", "privs": "Datastore.AllocateTemplate,Datastore.Allocate,Datastore.Audit" }),
+        )
+        .await;
+    }
+
+    /// A tenant as `docs/proxmox.md` makes one: pool `<tenant>` holding the
+    /// tenant's storages, user `<tenant>@pve` and its privilege-separated
+    /// token `capi`, each ACL granted to both. `skip` leaves grants out by path.
+    async fn tenant(&self, tenant: &str, skip: &[&str]) -> ApiToken {
+        let disks = format!("{tenant}-disks");
+        let iso = format!("{tenant}-iso");
+        self.post(
+            "/pools",
+            json!({ "poolid": tenant, "comment": format!("{tenant} workers") }),
+        )
+        .await;
+        self.put(
+            "/pools",
+            &[("poolid", tenant), ("storage", &format!("{disks},{iso}"))],
+        )
+        .await;
+        let user = format!("{tenant}@pve");
+        self.post("/access/users", json!({ "userid": user })).await;
+        let created = self
+            .post(
+                &format!("/access/users/{user}/token/capi"),
+                json!({ "privsep": 1 }),
+            )
+            .await;
+        let token = ApiToken {
+            id: created["full-tokenid"]
+                .as_str()
+                .expect("token id")
+                .to_string(),
+            secret: created["value"].as_str().expect("token secret").to_string(),
+        };
+        let grants = [
+            ("/nodes".to_string(), "TenantryNodeAudit"),
+            (format!("/pool/{tenant}"), "PVEVMAdmin"),
+            ("/pool/templates".to_string(), "PVETemplateUser"),
+            (format!("/storage/{disks}"), "PVEDatastoreUser"),
+            (format!("/storage/{iso}"), "TenantrySeedStore"),
+            ("/sdn/zones/localnetwork/vmbr0".to_string(), "PVESDNUser"),
+        ];
+        for (path, role) in grants
+            .iter()
+            .filter(|(path, _)| !skip.contains(&path.as_str()))
+        {
+            self.grant(path, role, &user, &token.id).await;
+        }
+        token
+    }
+
+    async fn grant(&self, path: &str, role: &str, user: &str, token: &str) {
+        for (kind, id) in [("users", user), ("tokens", token)] {
+            self.put(
+                "/access/acl",
+                &[
+                    ("path", path),
+                    (kind, id),
+                    ("roles", role),
+                    ("propagate", "1"),
+                ],
+            )
+            .await;
+        }
+    }
+
+    /// A PVE client with a tenant's token, as a tenant would hold it.
+    fn client(&self, token: &ApiToken) -> ProxmoxClient {
+        let credentials = Credentials::parse(&token.id, &token.secret).expect("token");
+        let url = ApiUrl::parse(self.sim.url().as_str()).expect("URL");
+        let config = ClientConfig::new(url, credentials).with_tls(TlsVerification::HypervisorCa {
+            pem: self.sim.ca_pem().to_string(),
+        });
+        ProxmoxClient::new(config).expect("client")
+    }
+}
+
+fn http_trusting(ca_pem: &str) -> reqwest::Client {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("add CA");
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .expect("HTTP client")
+}
+
+/// The guests (not templates) of a snapshot.
+fn guests(snapshot: &ClusterSnapshot) -> Vec<&VmSnapshot> {
+    snapshot.vms.iter().filter(|vm| !vm.template).collect()
+}
+
+// ---------------------------------------------------------------- the management cluster
+
+/// A management cluster with CAPI core, the in-cluster IPAM provider, the
+/// PVE simulator and tenantry.
+struct World {
+    // Field order is drop order: controllers stop before what they talk to.
+    tenantry: TenantryManager,
+    pve: Pve,
+    ipam: UpstreamManager,
+    capi: ClusterApiManager,
+    control_plane: ControlPlane,
+}
+
+/// One tenant's cluster: namespace, credentials, Cluster and ProxmoxCluster.
+struct Tenant {
+    namespace: String,
+    token: ApiToken,
+}
+
+impl World {
+    async fn start() -> Self {
+        Self::start_with(sim_config(), false).await
+    }
+
+    /// With tenantry's admission webhooks served and registered.
+    async fn start_with_webhooks() -> Self {
+        Self::start_with(sim_config(), true).await
+    }
+
+    async fn start_with(config: PveSimConfig, webhooks: bool) -> Self {
+        captured_logs();
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: "management".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start control plane");
+        let client = control_plane.client();
+        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
+            .await
+            .expect("install tenantry CRDs");
+        let capi = ClusterApiManager::start(&control_plane)
+            .await
+            .expect("start Cluster API manager");
+        let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
+            .await
+            .expect("start the in-cluster IPAM provider");
+        let pve = Pve::start(config).await;
+        let tenantry = if webhooks {
+            TenantryManager::start_with_webhooks(&control_plane)
+                .await
+                .expect("start tenantry with webhooks")
+        } else {
+            TenantryManager::start(client)
+        };
+        Self {
+            tenantry,
+            pve,
+            ipam,
+            capi,
+            control_plane,
+        }
+    }
+
+    fn client(&self) -> kube::Client {
+        self.control_plane.client()
+    }
+
+    fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        Api::namespaced(self.client(), namespace)
+    }
+
+    fn fail(&self, error: anyhow::Error) -> ! {
+        panic!(
+            "{error:#}\n---- Cluster API manager log ----\n{}\n---- IPAM provider log ----\n{}",
+            self.capi.log_tail(20),
+            self.ipam.log_tail(20)
+        )
+    }
+
+    async fn create(&self, namespace: &str, document: Value) {
+        tenantry_e2e::manifests::create_object(&self.client(), &document, namespace)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// A tenant: its pool, user and token on the hypervisor (without the
+    /// grants on the `skip` paths), its namespace with the credentials
+    /// Secret, a ProxmoxCluster whose machines take 10.10.<subnet>.10-60,
+    /// and the CAPI Cluster owning it.
+    async fn tenant(&self, tenant: &str, subnet: u8, skip: &[&str], paused: bool) -> Tenant {
+        let token = self.pve.tenant(tenant, skip).await;
+        self.tenant_with_token(tenant, subnet, token, paused).await
+    }
+
+    async fn tenant_with_token(
+        &self,
+        tenant: &str,
+        subnet: u8,
+        token: ApiToken,
+        paused: bool,
+    ) -> Tenant {
+        let namespace = tenant.to_string();
+        Api::<Namespace>::all(self.client())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": namespace } })).unwrap(),
+            )
+            .await
+            .expect("create namespace");
+        self.create(
+            &namespace,
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": CREDENTIALS },
+                "stringData": {
+                    "url": self.pve.sim.url().as_str(),
+                    "token_id": token.id,
+                    "token_secret": token.secret,
+                    "root_ca": self.pve.sim.ca_pem(),
+                }
+            }),
+        )
+        .await;
+        self.create(
+            &namespace,
+            json!({
+                "apiVersion": API_VERSION, "kind": "ProxmoxCluster",
+                "metadata": { "name": "demo" },
+                "spec": {
+                    "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
+                    "ipv4Config": { "addresses": [format!("10.10.{subnet}.10-10.10.{subnet}.60")], "prefix": 24, "gateway": format!("10.10.{subnet}.1") },
+                    "dnsServers": ["10.10.0.53"],
+                    "allowedNodes": ["pve1", "pve2"],
+                    "credentialsRef": { "name": CREDENTIALS },
+                }
+            }),
+        )
+        .await;
+        self.create(
+            &namespace,
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": { "name": "demo" },
+                "spec": {
+                    "paused": paused,
+                    "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
+                    "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ProxmoxCluster", "name": "demo" }
+                }
+            }),
+        )
+        .await;
+        Tenant { namespace, token }
+    }
+
+    /// A worker: bootstrap data Secret, ProxmoxMachine and Machine, as a
+    /// MachineSet makes them.
+    async fn create_worker(&self, tenant: &Tenant, name: &str, spec: Value) {
+        let bootstrap = format!("{name}-bootstrap");
+        self.create(
+            &tenant.namespace,
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": bootstrap },
+                "stringData": { "value": talos_worker_config(&tenant.namespace, name), "format": "cloud-config" }
+            }),
+        )
+        .await;
+        self.create(
+            &tenant.namespace,
+            json!({
+                "apiVersion": API_VERSION, "kind": "ProxmoxMachine",
+                "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
+                "spec": spec,
+            }),
+        )
+        .await;
+        self.create(
+            &tenant.namespace,
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
+                "spec": {
+                    "clusterName": "demo",
+                    "bootstrap": { "dataSecretName": bootstrap },
+                    "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ProxmoxMachine", "name": name }
+                }
+            }),
+        )
+        .await;
+    }
+
+    async fn wait_machine(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        what: &str,
+        predicate: impl Fn(&ProxmoxMachine) -> bool,
+    ) -> ProxmoxMachine {
+        let api: Api<ProxmoxMachine> = self.api(&tenant.namespace);
+        let last = Mutex::new(None);
+        wait::until(
+            format!("ProxmoxMachine {}/{name}: {what}", tenant.namespace),
+            DEADLINE,
+            || {
+                let api = api.clone();
+                let predicate = &predicate;
+                let last = &last;
+                async move {
+                    let found = api.get_opt(name).await?;
+                    *last.lock().unwrap() = found
+                        .as_ref()
+                        .map(|m| serde_json::to_string(&m.status).unwrap_or_default());
+                    Ok(found.filter(|m| predicate(m)))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            self.fail(e.context(format!("last status: {:?}", last.lock().unwrap())))
+        })
+    }
+
+    async fn wait_cluster(
+        &self,
+        tenant: &Tenant,
+        what: &str,
+        predicate: impl Fn(&ProxmoxCluster) -> bool,
+    ) -> ProxmoxCluster {
+        let api: Api<ProxmoxCluster> = self.api(&tenant.namespace);
+        wait::until(
+            format!("ProxmoxCluster {}/demo: {what}", tenant.namespace),
+            DEADLINE,
+            || {
+                let api = api.clone();
+                let predicate = &predicate;
+                async move { Ok(api.get_opt("demo").await?.filter(|c| predicate(c))) }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| self.fail(e))
+    }
+
+    /// Waits until the machines are provisioned and returns them.
+    async fn wait_provisioned(&self, tenant: &Tenant, names: &[String]) -> Vec<ProxmoxMachine> {
+        let mut machines = Vec::new();
+        for name in names {
+            machines.push(
+                self.wait_machine(tenant, name, "provisioned", is_provisioned)
+                    .await,
+            );
+        }
+        machines
+    }
+
+    async fn warning_events(&self, namespace: &str, object: &str, reason: &str) -> Vec<Event> {
+        self.api::<Event>(namespace)
+            .list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .collect()
+    }
+
+    /// Waits until nothing of the tenant's machines is left: no Machine,
+    /// ProxmoxMachine or IPAddressClaim in the namespace, no guest and no
+    /// seed ISO on the hypervisor.
+    async fn wait_nothing_left(&self, tenant: &Tenant) {
+        let client = self.client();
+        let namespace = tenant.namespace.clone();
+        let sim = &self.pve.sim;
+        let last = Mutex::new(Vec::new());
+        wait::until(
+            format!("nothing of tenant {namespace}'s machines to be left"),
+            DEADLINE,
+            || {
+                let client = client.clone();
+                let namespace = namespace.clone();
+                let last = &last;
+                async move {
+                    let mut left = Vec::new();
+                    let names = |items: Vec<String>, kind: &str| {
+                        items
+                            .into_iter()
+                            .map(|n| format!("{kind} {n}"))
+                            .collect::<Vec<_>>()
+                    };
+                    left.extend(names(
+                        Api::<Machine>::namespaced(client.clone(), &namespace)
+                            .list(&ListParams::default())
+                            .await?
+                            .items
+                            .iter()
+                            .map(|o| o.name_any())
+                            .collect(),
+                        "Machine",
+                    ));
+                    left.extend(names(
+                        Api::<ProxmoxMachine>::namespaced(client.clone(), &namespace)
+                            .list(&ListParams::default())
+                            .await?
+                            .items
+                            .iter()
+                            .map(|o| o.name_any())
+                            .collect(),
+                        "ProxmoxMachine",
+                    ));
+                    left.extend(names(
+                        Api::<IpAddressClaim>::namespaced(client.clone(), &namespace)
+                            .list(&ListParams::default())
+                            .await?
+                            .items
+                            .iter()
+                            .map(|o| o.name_any())
+                            .collect(),
+                        "IPAddressClaim",
+                    ));
+                    let snapshot = sim.snapshot();
+                    // In the pool, or not yet: a clone joins its pool last.
+                    left.extend(
+                        guests(&snapshot)
+                            .iter()
+                            .filter(|vm| vm.pool.as_deref().is_none_or(|p| p == namespace))
+                            .map(|vm| format!("VM {} ({})", vm.vmid, vm.name)),
+                    );
+                    left.extend(
+                        snapshot
+                            .volumes
+                            .iter()
+                            .filter(|v| {
+                                v.content == "iso" && v.storage == format!("{namespace}-iso")
+                            })
+                            .map(|v| format!("ISO {}", v.volid)),
+                    );
+                    left.extend(
+                        snapshot
+                            .tasks
+                            .iter()
+                            .filter(|t| {
+                                t.exitstatus.is_none()
+                                    && t.user.starts_with(&format!("{namespace}@"))
+                            })
+                            .map(|t| format!("running task {}", t.upid)),
+                    );
+                    *last.lock().unwrap() = left.clone();
+                    Ok(left.is_empty().then_some(()))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            self.fail(e.context(format!("still there: {:?}", last.lock().unwrap())))
+        });
+    }
+}
+
+/// A Talos worker config; its token is unique to the machine, so a log
+/// line holding bootstrap data would show it.
+fn talos_worker_config(namespace: &str, name: &str) -> String {
+    format!(
+        "version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: {}\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-demo.{namespace}.svc:6443\n",
+        machine_token(namespace, name)
+    )
+}
+
+fn machine_token(namespace: &str, name: &str) -> String {
+    format!("bootstrap-token-{namespace}-{name}-6f1d2c")
+}
+
+/// A worker of a tenant: cloned from the template into the tenant's pool
+/// and storages, sized, with a grown boot disk and a static address.
+fn worker_spec(tenant: &str) -> Value {
+    json!({
+        "sourceNode": TEMPLATE_NODE, "templateID": TEMPLATE,
+        "pool": tenant, "full": true, "storage": format!("{tenant}-disks"), "isoStorage": format!("{tenant}-iso"),
+        "numSockets": 1, "numCores": 2, "memoryMiB": 2048,
+        "disks": { "bootVolume": { "disk": "scsi0", "sizeGb": 10 } },
+        "description": format!("{tenant} worker"),
+        "network": { "networkDevices": [{ "name": "net0", "bridge": "vmbr0", "model": "virtio" }] },
+    })
+}
+
+fn condition<'a>(machine: &'a ProxmoxMachine, type_: &str) -> Option<&'a Condition> {
+    machine
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+fn cluster_condition<'a>(cluster: &'a ProxmoxCluster, type_: &str) -> Option<&'a Condition> {
+    cluster
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+fn is_provisioned(machine: &ProxmoxMachine) -> bool {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true)
+}
+
+fn has_reason(machine: &ProxmoxMachine, reason: &str) -> bool {
+    condition(machine, "Ready").is_some_and(|c| c.reason == reason)
+}
+
+fn vmid_of(machine: &ProxmoxMachine) -> u32 {
+    machine
+        .spec
+        .virtual_machine_id
+        .expect("spec.virtualMachineID") as u32
+}
+
+/// Everything logged in this test process (tenantry's reconcilers and the
+/// simulator run in it, at debug level), to check that no secret ends up in
+/// a log line.
+fn captured_logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        let writer = move || LogWriter(logs);
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,tenantry_provider=debug,tenantry_e2e=debug",
+            ))
+            .with_ansi(false)
+            .with_writer(writer)
+            .try_init();
+        logs
+    })
+}
+
+struct LogWriter(&'static Mutex<Vec<u8>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+/// The whole life of a machine: paused until its cluster is unpaused, then
+/// cloned into its pool, sized, seeded, started, provisioned when the guest
+/// agent reports its address, its seed removed; deleted with nothing left.
+/// No log line holds the token secret or the bootstrap data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftovers() {
+    let world = World::start_with_webhooks().await;
+    let tenant = world.tenant("tenant-a", 1, &[], true).await;
+    world
+        .create_worker(&tenant, "worker-1", worker_spec("tenant-a"))
+        .await;
+    world
+        .create(
+            &tenant.namespace,
+            json!({
+                "apiVersion": API_VERSION, "kind": "ProxmoxMachineTemplate",
+                "metadata": { "name": "workers" },
+                "spec": { "template": { "spec": worker_spec("tenant-a") } }
+            }),
+        )
+        .await;
+
+    // Paused: the machine says so and nothing is cloned.
+    world
+        .wait_machine(&tenant, "worker-1", "Paused", |m| {
+            condition(m, "Paused").is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert!(
+        guests(&world.pve.sim.snapshot()).is_empty(),
+        "nothing is cloned while the cluster is paused"
+    );
+    world
+        .api::<tenantry_api::generated::capi::cluster::Cluster>(&tenant.namespace)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "paused": false } })),
+        )
+        .await
+        .expect("unpause");
+
+    // The ProxmoxCluster: provisioned, the token checked, the pool made.
+    let cluster = world
+        .wait_cluster(&tenant, "provisioned with privileges checked", |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.initialization.as_ref())
+                .and_then(|i| i.provisioned)
+                == Some(true)
+                && cluster_condition(c, "PrivilegesSufficient").is_some()
+        })
+        .await;
+    for (type_, reason) in [
+        ("ProxmoxAvailable", "Available"),
+        ("PrivilegesSufficient", "AllPrivilegesHeld"),
+        ("TokenScoped", "ScopedToTenant"),
+        ("Ready", "Provisioned"),
+    ] {
+        let found = cluster_condition(&cluster, type_).unwrap_or_else(|| panic!("{type_} missing"));
+        assert_eq!(
+            (found.status.as_str(), found.reason.as_str()),
+            ("True", reason),
+            "{type_}: {}",
+            found.message
+        );
+    }
+    let pool = world
+        .api::<InClusterIpPool>(&tenant.namespace)
+        .get("demo-v4-icip")
+        .await
+        .expect("InClusterIPPool demo-v4-icip");
+    assert_eq!(pool.spec.addresses, ["10.10.1.10-10.10.1.60"]);
+    assert_eq!(pool.spec.gateway.as_deref(), Some("10.10.1.1"));
+    assert!(
+        pool.owner_references()
+            .iter()
+            .any(|o| o.kind == "ProxmoxCluster" && o.name == "demo")
+    );
+    let credentials = world
+        .api::<Secret>(&tenant.namespace)
+        .get(CREDENTIALS)
+        .await
+        .expect("credentials");
+    assert!(
+        credentials
+            .finalizers()
+            .iter()
+            .any(|f| f == "proxmoxcluster.infrastructure.cluster.x-k8s.io/secret")
+    );
+
+    // The machine.
+    let machine = world
+        .wait_machine(
+            &tenant,
+            "worker-1",
+            "provisioned and its seed removed",
+            |m| {
+                is_provisioned(m)
+                    && m.status.as_ref().and_then(|s| s.vm_status.as_deref()) == Some("ready")
+            },
+        )
+        .await;
+    let vmid = vmid_of(&machine);
+    let status = machine.status.clone().unwrap();
+    assert!(status.ready);
+    assert_eq!(
+        condition(&machine, "VirtualMachineProvisioned")
+            .unwrap()
+            .status,
+        "True"
+    );
+    let addresses: Vec<String> = status
+        .addresses
+        .unwrap()
+        .iter()
+        .map(|a| format!("{:?}={}", a.type_, a.address))
+        .collect();
+    assert_eq!(addresses, ["Hostname=worker-1", "InternalIP=10.10.1.10"]);
+    let claim = world
+        .api::<IpAddressClaim>(&tenant.namespace)
+        .get("worker-1-net0-00-inet")
+        .await
+        .expect("IPAddressClaim");
+    assert!(
+        claim
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "ProxmoxMachine" && o.name == "worker-1")
+    );
+
+    // On the hypervisor: one VM, in the tenant's pool, sized, MAC kept,
+    // disk grown; the guest read its seed and reports the address.
+    let snapshot = world.pve.sim.snapshot();
+    let vms = guests(&snapshot);
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vm = vms[0];
+    assert_eq!(
+        (vm.vmid, vm.name.as_str(), vm.pool.as_deref()),
+        (vmid, "worker-1", Some("tenant-a"))
+    );
+    assert!(["pve1", "pve2"].contains(&vm.node.as_str()));
+    assert_eq!(status.proxmox_node.as_deref(), Some(vm.node.as_str()));
+    assert_eq!(vm.power, VmPower::Running);
+    assert_eq!(vm.config["cores"], "2");
+    assert_eq!(vm.config["memory"], "2048");
+    assert!(
+        vm.config["scsi0"].starts_with("tenant-a-disks:vm-")
+            && vm.config["scsi0"].contains("size=10G"),
+        "{}",
+        vm.config["scsi0"]
+    );
+    assert!(
+        vm.config["description"].contains("tenantry.dev/proxmoxmachine: tenant-a/worker-1"),
+        "{:?}",
+        vm.config.get("description")
+    );
+    assert_eq!(
+        machine.spec.provider_id.as_deref(),
+        Some(format!("proxmox://{}", vm.smbios_uuid.as_deref().unwrap()).as_str())
+    );
+    let seed = vm.seed_read.as_ref().expect("the guest read a seed");
+    assert_eq!(seed.label, "cidata");
+    assert!(
+        seed.meta_data.contains("hostname: \"worker-1\""),
+        "{}",
+        seed.meta_data
+    );
+    assert!(
+        seed.meta_data.contains(vm.smbios_uuid.as_deref().unwrap()),
+        "instance-id is the SMBIOS uuid"
+    );
+    let network = seed.network_config.as_deref().expect("network-config");
+    assert!(
+        network.contains("10.10.1.10/24")
+            && network.contains("10.10.1.1")
+            && network.contains("10.10.0.53"),
+        "{network}"
+    );
+    assert!(
+        network.to_lowercase().contains(&vm.macs[0].to_lowercase()),
+        "matched by the MAC PVE gave net0: {network}"
+    );
+    assert_eq!(seed.user_data, talos_worker_config("tenant-a", "worker-1"));
+    assert_eq!(
+        vm.ip_addresses,
+        ["10.10.1.10".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert!(
+        vm.attached_iso.is_none(),
+        "the seed is detached once provisioned"
+    );
+    assert!(
+        !snapshot.volumes.iter().any(|v| v.content == "iso"),
+        "the seed ISO is deleted once provisioned"
+    );
+
+    // The template reports what its nodes provide.
+    let template = wait::until("ProxmoxMachineTemplate capacity", DEADLINE, || {
+        let api = world.api::<ProxmoxMachineTemplate>(&tenant.namespace);
+        async move {
+            Ok(api
+                .get("workers")
+                .await?
+                .status
+                .filter(|s| s.capacity.is_some()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let capacity = template.capacity.unwrap();
+    assert_eq!(
+        (capacity["cpu"].0.as_str(), capacity["memory"].0.as_str()),
+        ("2", "2048Mi")
+    );
+    // ...and cannot be changed: a new template rolls the machines.
+    let refused = world
+        .api::<ProxmoxMachineTemplate>(&tenant.namespace)
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "template": { "spec": { "numCores": 4 } } } })),
+        )
+        .await
+        .expect_err("a template's spec is immutable");
+    assert!(
+        refused.to_string().contains(
+            "ProxmoxMachineTemplate spec is immutable (changed: spec.template.spec.numCores)"
+        ),
+        "{refused}"
+    );
+
+    // Deleting the Machine deletes the VM (stopped, purged), the claim and
+    // then the ProxmoxMachine.
+    world
+        .api::<Machine>(&tenant.namespace)
+        .delete("worker-1", &DeleteParams::default())
+        .await
+        .expect("delete Machine");
+    world.wait_nothing_left(&tenant).await;
+    assert!(
+        world
+            .pve
+            .sim
+            .snapshot()
+            .pool("tenant-a")
+            .unwrap()
+            .vms
+            .is_empty()
+    );
+
+    // Nothing secret was logged, though every reconcile logged at debug.
+    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
+    assert!(
+        logs.contains("PVE API request"),
+        "the client's debug lines were captured"
+    );
+    assert!(
+        logs.contains("worker-1"),
+        "the reconciler's lines were captured"
+    );
+    for secret in [
+        tenant.token.secret.as_str(),
+        &machine_token("tenant-a", "worker-1"),
+    ] {
+        assert!(!logs.contains(secret), "a log line holds a secret value");
+    }
+    for event in world
+        .api::<Event>(&tenant.namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let note = event.note.unwrap_or_default();
+        assert!(
+            !note.contains(&tenant.token.secret)
+                && !note.contains(&machine_token("tenant-a", "worker-1")),
+            "{note}"
+        );
+    }
+}
+
+/// Two tenants, two pools, two tokens: each tenant's machine lands in its
+/// own pool, and a machine of tenant A that names tenant B's VM or storages
+/// is refused with a condition and an event; B's VM is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tenants_cannot_touch_each_others_vms_or_storages() {
+    let world = World::start().await;
+    let a = world.tenant("tenant-a", 1, &[], false).await;
+    let b = world.tenant("tenant-b", 2, &[], false).await;
+    // Both name their machine worker-1: names do not make a VM anyone's.
+    world
+        .create_worker(&a, "worker-1", worker_spec("tenant-a"))
+        .await;
+    world
+        .create_worker(&b, "worker-1", worker_spec("tenant-b"))
+        .await;
+    let in_a = world
+        .wait_provisioned(&a, &["worker-1".into()])
+        .await
+        .remove(0);
+    let in_b = world
+        .wait_provisioned(&b, &["worker-1".into()])
+        .await
+        .remove(0);
+    let (vmid_a, vmid_b) = (vmid_of(&in_a), vmid_of(&in_b));
+    let snapshot = world.pve.sim.snapshot();
+    assert_eq!(
+        snapshot.vm(vmid_a).unwrap().pool.as_deref(),
+        Some("tenant-a")
+    );
+    assert_eq!(
+        snapshot.vm(vmid_b).unwrap().pool.as_deref(),
+        Some("tenant-b")
+    );
+    let b_before = snapshot.vm(vmid_b).unwrap().clone();
+
+    // A machine of tenant A naming B's VM.
+    let mut intruder = worker_spec("tenant-a");
+    intruder["virtualMachineID"] = json!(vmid_b);
+    world.create_worker(&a, "intruder", intruder).await;
+    let refused = world
+        .wait_machine(&a, "intruder", "refused", |m| {
+            has_reason(m, "VMOutsidePool")
+        })
+        .await;
+    let message = &condition(&refused, "VirtualMachineProvisioned")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains(&format!("VM {vmid_b} is not in pool tenant-a")),
+        "{message}"
+    );
+    // A machine of tenant A putting its disk on B's storage, and one its seed.
+    let mut disk_thief = worker_spec("tenant-a");
+    disk_thief["storage"] = json!("tenant-b-disks");
+    world.create_worker(&a, "disk-thief", disk_thief).await;
+    let refused_disk = world
+        .wait_machine(&a, "disk-thief", "refused", |m| {
+            has_reason(m, "StorageOutsidePool")
+        })
+        .await;
+    assert!(
+        condition(&refused_disk, "Ready")
+            .unwrap()
+            .message
+            .contains("storage tenant-b-disks"),
+        "{:?}",
+        condition(&refused_disk, "Ready")
+    );
+    let mut seed_thief = worker_spec("tenant-a");
+    seed_thief["isoStorage"] = json!("tenant-b-iso");
+    world.create_worker(&a, "seed-thief", seed_thief).await;
+    let refused_seed = world
+        .wait_machine(&a, "seed-thief", "refused", |m| {
+            has_reason(m, "StorageOutsidePool")
+        })
+        .await;
+    assert!(
+        condition(&refused_seed, "Ready")
+            .unwrap()
+            .message
+            .contains("ISO storage tenant-b-iso")
+    );
+    for (name, reason) in [
+        ("intruder", "VMOutsidePool"),
+        ("disk-thief", "StorageOutsidePool"),
+        ("seed-thief", "StorageOutsidePool"),
+    ] {
+        let events = world.warning_events(&a.namespace, name, reason).await;
+        assert!(!events.is_empty(), "a Warning event {reason} for {name}");
+    }
+
+    // A machine that lost the VM ID race: the ID it reserved went to B's
+    // VM. It reserves another and clones; B's VM is left alone.
+    let mut racer = worker_spec("tenant-a");
+    racer["numCores"] = json!(1);
+    world.create_worker(&a, "racer", racer).await;
+    let machines = world.api::<ProxmoxMachine>(&a.namespace);
+    machines
+        .patch(
+            "racer",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "metadata": { "annotations": { "cluster.x-k8s.io/paused": "" } } }),
+            ),
+        )
+        .await
+        .expect("pause racer");
+    world
+        .wait_machine(&a, "racer", "paused", |m| {
+            condition(m, "Paused").is_some_and(|c| c.status == "True")
+        })
+        .await;
+    machines
+        .patch_status(
+            "racer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "virtualMachineID": vmid_b } })),
+        )
+        .await
+        .expect("reserve B's VM ID");
+    machines
+        .patch(
+            "racer",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "metadata": { "annotations": { "cluster.x-k8s.io/paused": null } } }),
+            ),
+        )
+        .await
+        .expect("unpause racer");
+    let racer = world
+        .wait_provisioned(&a, &["racer".into()])
+        .await
+        .remove(0);
+    assert_ne!(vmid_of(&racer), vmid_b);
+    assert_eq!(
+        world
+            .pve
+            .sim
+            .snapshot()
+            .vm(vmid_of(&racer))
+            .unwrap()
+            .pool
+            .as_deref(),
+        Some("tenant-a")
+    );
+
+    // Tenant A's token cannot act on B's VM either (PVE's own check).
+    let error = world
+        .pve
+        .client(&a.token)
+        .qemu(&b_before.node, vmid_b)
+        .stop()
+        .await
+        .expect_err("A stops B's VM");
+    assert!(
+        matches!(error, ProxmoxError::PermissionDenied { .. }),
+        "{error:?}"
+    );
+
+    // Deleting the intruder leaves B's VM as it was.
+    for name in ["intruder", "disk-thief", "seed-thief"] {
+        world
+            .api::<Machine>(&a.namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete Machine");
+    }
+    for name in ["intruder", "disk-thief", "seed-thief"] {
+        wait::until(
+            format!("ProxmoxMachine {name} to be gone"),
+            DEADLINE,
+            || {
+                let api = world.api::<ProxmoxMachine>(&a.namespace);
+                async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    }
+    let after = world.pve.sim.snapshot();
+    let b_after = after.vm(vmid_b).expect("B's VM still exists");
+    assert_eq!(
+        (b_after.power, &b_after.config, b_after.pool.as_deref()),
+        (VmPower::Running, &b_before.config, Some("tenant-b"))
+    );
+    assert!(
+        !after
+            .volumes
+            .iter()
+            .any(|v| v.storage == "tenant-b-disks" && v.vmid != Some(vmid_b)),
+        "nothing of A on B's disks"
+    );
+    assert!(
+        !after.volumes.iter().any(|v| v.storage == "tenant-b-iso"),
+        "nothing of A on B's ISO storage"
+    );
+    let mut a_vms: Vec<&str> = guests(&after)
+        .iter()
+        .filter(|vm| vm.pool.as_deref() == Some("tenant-a"))
+        .map(|vm| vm.name.as_str())
+        .collect();
+    a_vms.sort();
+    assert_eq!(
+        a_vms,
+        ["racer", "worker-1"],
+        "the seed thief's clone went with it"
+    );
+}
+
+/// A token without VM.Clone on the template, one without
+/// Datastore.AllocateSpace on the disk storage: the ProxmoxCluster's
+/// preflight and the machine both name the missing privilege and path. A
+/// token reaching every VM gets a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_privileges_are_named_and_a_broad_token_is_flagged() {
+    let world = World::start().await;
+    let no_clone = world
+        .tenant("no-clone", 3, &["/pool/templates"], false)
+        .await;
+    let no_space = world
+        .tenant("no-space", 4, &["/storage/no-space-disks"], false)
+        .await;
+    world
+        .create_worker(&no_clone, "worker-1", worker_spec("no-clone"))
+        .await;
+    world
+        .create_worker(&no_space, "worker-1", worker_spec("no-space"))
+        .await;
+
+    let cluster = world
+        .wait_cluster(&no_clone, "missing VM.Clone named", |c| {
+            cluster_condition(c, "PrivilegesSufficient")
+                .is_some_and(|c| c.status == "False" && c.message.contains("VM.Clone on /vms/9000"))
+        })
+        .await;
+    assert_eq!(
+        cluster_condition(&cluster, "PrivilegesSufficient")
+            .unwrap()
+            .reason,
+        "MissingPrivileges"
+    );
+    assert!(
+        !world
+            .warning_events(&no_clone.namespace, "demo", "MissingPrivileges")
+            .await
+            .is_empty(),
+        "a Warning event says the token lacks privileges"
+    );
+    let machine = world
+        .wait_machine(&no_clone, "worker-1", "clone refused", |m| {
+            has_reason(m, "PermissionDenied")
+        })
+        .await;
+    let message = &condition(&machine, "Ready").unwrap().message;
+    assert!(
+        message.contains("(/vms/9000, VM.Clone)")
+            && message.contains("grant VM.Clone on /vms/9000"),
+        "{message}"
+    );
+
+    world
+        .wait_cluster(&no_space, "missing Datastore.AllocateSpace named", |c| {
+            cluster_condition(c, "PrivilegesSufficient").is_some_and(|c| {
+                c.status == "False"
+                    && c.message
+                        .contains("Datastore.AllocateSpace on /storage/no-space-disks")
+            })
+        })
+        .await;
+    let machine = world
+        .wait_machine(&no_space, "worker-1", "clone refused", |m| {
+            has_reason(m, "PermissionDenied")
+        })
+        .await;
+    let message = &condition(&machine, "Ready").unwrap().message;
+    assert!(
+        message.contains("(/storage/no-space-disks, Datastore.AllocateSpace)"),
+        "{message}"
+    );
+    assert!(
+        !world
+            .warning_events(&no_space.namespace, "worker-1", "PermissionDenied")
+            .await
+            .is_empty()
+    );
+    assert!(
+        guests(&world.pve.sim.snapshot()).is_empty(),
+        "nothing was cloned"
+    );
+
+    // PVEVMAdmin on / (the upstream charts' recipe) reaches every VM.
+    let token = world.pve.tenant("broad", &[]).await;
+    world
+        .pve
+        .grant("/", "PVEVMAdmin", "broad@pve", &token.id)
+        .await;
+    let broad = world.tenant_with_token("broad", 5, token, false).await;
+    let cluster = world
+        .wait_cluster(&broad, "flagged", |c| {
+            cluster_condition(c, "TokenScoped").is_some_and(|c| c.status == "False")
+        })
+        .await;
+    let scoped = cluster_condition(&cluster, "TokenScoped").unwrap();
+    assert_eq!(scoped.reason, "TokenReachesEveryVM");
+    assert!(
+        scoped
+            .message
+            .contains("reaches every VM on the hypervisor")
+            && scoped.message.contains("VM.Allocate"),
+        "{}",
+        scoped.message
+    );
+    wait::until("a TokenReachesEveryVM Warning event", DEADLINE, || {
+        let world = &world;
+        async move {
+            Ok((!world
+                .warning_events("broad", "demo", "TokenReachesEveryVM")
+                .await
+                .is_empty())
+            .then_some(()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+}
+
+/// With 10% of all API calls answered 503 and clone and start tasks
+/// running slow, every machine is provisioned, each with exactly one VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flaky_api_and_slow_tasks_provision_every_machine_exactly_once() {
+    let world = World::start().await;
+    let tenant = world.tenant("flaky", 6, &[], false).await;
+    world
+        .wait_cluster(&tenant, "provisioned", |c| {
+            c.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+    let faults = world.pve.sim.faults();
+    let errors = faults.http_error(
+        RequestMatch::everything(),
+        503,
+        "Service Unavailable",
+        Trigger::Probability(0.1),
+    );
+    faults.slow_tasks("qmclone", Duration::from_secs(2), Trigger::Probability(0.5));
+    faults.slow_tasks("qmstart", Duration::from_secs(1), Trigger::Probability(0.5));
+    let names: Vec<String> = (1..=5).map(|i| format!("worker-{i}")).collect();
+    for name in &names {
+        let mut spec = worker_spec("flaky");
+        spec["numCores"] = json!(1);
+        world.create_worker(&tenant, name, spec).await;
+    }
+    let machines = world.wait_provisioned(&tenant, &names).await;
+    assert!(faults.fired(errors) > 0, "errors were injected");
+
+    let snapshot = world.pve.sim.snapshot();
+    let vms = guests(&snapshot);
+    assert_eq!(
+        vms.len(),
+        names.len(),
+        "one VM per machine: {:?}",
+        vms.iter().map(|v| (v.vmid, &v.name)).collect::<Vec<_>>()
+    );
+    for machine in &machines {
+        let vm = snapshot.vm(vmid_of(machine)).expect("the machine's VM");
+        assert_eq!(vm.name, machine.name_any());
+        assert_eq!(vm.pool.as_deref(), Some("flaky"));
+        assert_eq!(vm.power, VmPower::Running);
+    }
+    let mut addresses: Vec<String> = machines
+        .iter()
+        .map(|m| {
+            m.status.as_ref().unwrap().addresses.as_ref().unwrap()[1]
+                .address
+                .clone()
+        })
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    assert_eq!(
+        addresses.len(),
+        names.len(),
+        "every machine has its own address"
+    );
+}
+
+/// The manager is killed while slow clones run (and a clone's answer is
+/// lost on the wire), then restarted: every machine ends with exactly one
+/// VM, found from what the first manager recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
+    let mut world = World::start().await;
+    let tenant = world.tenant("restart", 7, &[], false).await;
+    world
+        .wait_cluster(&tenant, "provisioned", |c| {
+            c.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+    let faults = world.pve.sim.faults();
+    faults.slow_tasks("qmclone", Duration::from_secs(8), Trigger::Always);
+    // The first clone is made, but its answer never arrives.
+    let lost = faults.drop_connection(
+        RequestMatch::new("POST", "/nodes/{node}/qemu/{vmid}/clone"),
+        DropMode::MidResponse,
+        Trigger::Times(1),
+    );
+    let names: Vec<String> = (1..=3).map(|i| format!("worker-{i}")).collect();
+    for name in &names {
+        world
+            .create_worker(&tenant, name, worker_spec("restart"))
+            .await;
+    }
+    // Every machine reserved its VM ID and the clones run.
+    for name in &names {
+        world
+            .wait_machine(&tenant, name, "cloning", |m| {
+                m.status
+                    .as_ref()
+                    .is_some_and(|s| s.virtual_machine_id.is_some())
+            })
+            .await;
+    }
+    wait::until("three clones started, one still running", DEADLINE, || {
+        let sim = &world.pve.sim;
+        async move {
+            let snapshot = sim.snapshot();
+            let clones: Vec<_> = snapshot
+                .tasks
+                .iter()
+                .filter(|t| t.task_type == "qmclone" && t.user.starts_with("restart@"))
+                .collect();
+            let running = clones.iter().any(|t| t.exitstatus.is_none());
+            Ok((clones.len() == 3 && running).then_some(()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let tasks: Vec<String> = world
+            .pve
+            .sim
+            .snapshot()
+            .tasks
+            .iter()
+            .map(|t| format!("{} {:?}", t.upid, t.exitstatus))
+            .collect();
+        world.fail(e.context(format!("tasks: {tasks:#?}")))
+    });
+    assert_eq!(faults.fired(lost), 1, "a clone's answer was lost");
+    world.tenantry.restart();
+
+    let machines = world.wait_provisioned(&tenant, &names).await;
+    let snapshot = world.pve.sim.snapshot();
+    let vms = guests(&snapshot);
+    assert_eq!(
+        vms.len(),
+        names.len(),
+        "one VM per machine: {:?}",
+        vms.iter().map(|v| (v.vmid, &v.name)).collect::<Vec<_>>()
+    );
+    let clones = snapshot
+        .tasks
+        .iter()
+        .filter(|t| t.task_type == "qmclone")
+        .count();
+    assert_eq!(clones, names.len(), "no clone was repeated");
+    for machine in &machines {
+        assert_eq!(
+            snapshot.vm(vmid_of(machine)).unwrap().name,
+            machine.name_any()
+        );
+    }
+}
+
+/// Twenty machines deleted while they are being provisioned leave no VM,
+/// no seed ISO and no IP claim behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
+    let world = World::start().await;
+    let tenant = world.tenant("crowd", 8, &[], false).await;
+    world
+        .wait_cluster(&tenant, "provisioned", |c| {
+            c.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+    world
+        .pve
+        .sim
+        .faults()
+        .slow_tasks("qmstart", Duration::from_millis(500), Trigger::Always);
+    let names: Vec<String> = (1..=20).map(|i| format!("worker-{i:02}")).collect();
+    for name in &names {
+        let mut spec = worker_spec("crowd");
+        spec["numCores"] = json!(1);
+        spec["memoryMiB"] = json!(1024);
+        world.create_worker(&tenant, name, spec).await;
+    }
+    // Mid-provisioning: some clones made, not all machines provisioned.
+    wait::until("some of the machines cloned", DEADLINE, || {
+        let sim = &world.pve.sim;
+        async move { Ok((guests(&sim.snapshot()).len() >= 5).then_some(())) }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let machines = world.api::<Machine>(&tenant.namespace);
+    for name in &names {
+        machines
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete Machine");
+    }
+    world.wait_nothing_left(&tenant).await;
+    let snapshot = world.pve.sim.snapshot();
+    assert!(snapshot.pool("crowd").unwrap().vms.is_empty());
+    assert!(
+        !snapshot.volumes.iter().any(|v| v.storage == "crowd-disks"),
+        "no disk left"
+    );
+}

@@ -1,0 +1,459 @@
+//! What a ProxmoxMachine reconcile reads from and writes to Proxmox VE and
+//! the management cluster. Each write is idempotent or guarded by state
+//! recorded before it, so a crash between any two is harmless.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tenantry_api::contract::CLUSTER_NAME_LABEL;
+use tenantry_api::generated::capi::ip_address::IpAddress;
+use tenantry_api::generated::capi::ip_address_claim::{
+    IpAddressClaim, IpAddressClaimPoolRef, IpAddressClaimSpec, IpAddressClaimStatusConditionsStatus,
+};
+use tenantry_api::proxmox::ProxmoxMachine;
+
+use super::decide::{ClaimPlan, DeviceAddress, VmPresence};
+use crate::proxmox::client::{
+    ProxmoxClient, ProxmoxError, ResourceFilter, ResourceType, TaskOutcome, TaskWaitConfig, Upid,
+    VmConfig, VmStatus,
+};
+use crate::runtime::FIELD_MANAGER;
+
+/// Label on the IPAddressClaims of a machine, naming it.
+pub const MACHINE_LABEL: &str = "infrastructure.tenantry.dev/proxmoxmachine";
+
+/// A VM in the machine's pool, as read before acting on it.
+#[derive(Clone, Debug)]
+pub struct VmFacts {
+    pub vmid: u32,
+    pub node: String,
+    pub status: VmStatus,
+    pub config: VmConfig,
+}
+
+/// Storages of a pool (PVE pools can hold storages as well as VMs).
+pub type PoolStorages = Vec<String>;
+
+/// Finds a VM ID from the machine's point of view: a member of its pool
+/// (then read), taken by a VM outside it, or free. For a machine without
+/// pool, a VM the credentials can see outside every pool counts as its own.
+pub async fn lookup_vm(
+    client: &ProxmoxClient,
+    vmid: u32,
+    pool: Option<&str>,
+) -> Result<(VmPresence, Option<VmFacts>, PoolStorages), ProxmoxError> {
+    let (node, storages) = match pool {
+        Some(pool) => {
+            let pool = client.pools().get(pool).await?;
+            let node = pool
+                .members
+                .iter()
+                .find(|m| m.member_type == ResourceType::Qemu && m.vmid == Some(vmid))
+                .and_then(|m| m.node.clone());
+            let storages = pool
+                .members
+                .iter()
+                .filter(|m| m.member_type == ResourceType::Storage)
+                .filter_map(|m| m.storage.clone())
+                .collect();
+            (node, storages)
+        }
+        None => {
+            let rows = client.cluster().resources(Some(ResourceFilter::Vm)).await?;
+            let node = rows
+                .iter()
+                .find(|r| r.is_vm() && r.vmid == Some(vmid) && r.pool.is_none())
+                .and_then(|r| r.node.clone());
+            (node, Vec::new())
+        }
+    };
+    let Some(node) = node else {
+        let presence = if client.cluster().is_vmid_free(vmid).await? {
+            VmPresence::Free
+        } else {
+            VmPresence::Elsewhere
+        };
+        return Ok((presence, None, storages));
+    };
+    let qemu = client.qemu(&node, vmid);
+    let read = async { Ok::<_, ProxmoxError>((qemu.status().await?, qemu.config().await?)) };
+    match read.await {
+        Ok((status, config)) => {
+            let presence = VmPresence::InPool {
+                name: config.name.clone(),
+                description: config.description.clone(),
+            };
+            Ok((
+                presence,
+                Some(VmFacts {
+                    vmid,
+                    node,
+                    status,
+                    config,
+                }),
+                storages,
+            ))
+        }
+        // Destroyed between the two reads; a pool-scoped token is refused
+        // (403) rather than told (404) once the VM left the pool.
+        Err(ProxmoxError::NotFound { .. } | ProxmoxError::PermissionDenied { .. }) => {
+            let presence = if client.cluster().is_vmid_free(vmid).await? {
+                VmPresence::Free
+            } else {
+                VmPresence::Elsewhere
+            };
+            Ok((presence, None, storages))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Looks for a VM of the machine in its pool when no ID is recorded (the
+/// status was lost, e.g. by `clusterctl move`): one named after it whose
+/// description does not name another machine.
+pub async fn find_own_vm(
+    client: &ProxmoxClient,
+    pool: Option<&str>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<u32>, ProxmoxError> {
+    let candidates: Vec<(u32, String)> = match pool {
+        Some(pool) => client
+            .pools()
+            .get(pool)
+            .await?
+            .members
+            .into_iter()
+            .filter(|m| m.member_type == ResourceType::Qemu && m.name.as_deref() == Some(name))
+            .filter_map(|m| Some((m.vmid?, m.node?)))
+            .collect(),
+        None => client
+            .cluster()
+            .resources(Some(ResourceFilter::Vm))
+            .await?
+            .into_iter()
+            .filter(|r| {
+                r.is_vm() && !r.template && r.pool.is_none() && r.name.as_deref() == Some(name)
+            })
+            .filter_map(|r| Some((r.vmid?, r.node?)))
+            .collect(),
+    };
+    for (vmid, node) in candidates {
+        let config = client.qemu(&node, vmid).config().await?;
+        if super::decide::ownership(
+            namespace,
+            name,
+            config.name.as_deref(),
+            config.description.as_deref(),
+        ) == super::decide::Ownership::Ours
+        {
+            return Ok(Some(vmid));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether a clone started by this client's token still runs on any of the
+/// nodes. While it runs, PVE has not added the new VM to the pool yet.
+pub async fn own_clone_running(
+    client: &ProxmoxClient,
+    nodes: &[String],
+) -> Result<bool, ProxmoxError> {
+    let token = client.token_id().to_string();
+    for node in nodes {
+        let tasks = client.node(node).active_tasks(Some("qmclone")).await?;
+        if tasks
+            .iter()
+            .filter_map(|t| t.upid.parse::<Upid>().ok())
+            .any(|upid| upid.user() == token)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The first free VM ID among `candidates`.
+pub async fn first_free_vmid(
+    client: &ProxmoxClient,
+    candidates: &[u32],
+) -> Result<Option<u32>, ProxmoxError> {
+    for vmid in candidates {
+        if client.cluster().is_vmid_free(*vmid).await? {
+            return Ok(Some(*vmid));
+        }
+    }
+    Ok(None)
+}
+
+/// How a task a reconcile waited for ended.
+#[derive(Debug)]
+pub enum TaskPoll {
+    Done(TaskOutcome),
+    Running,
+    /// Failed with PVE's exit status and the end of its log.
+    Failed {
+        exit_status: String,
+        log_tail: Vec<String>,
+    },
+    /// PVE does not know the task (its node restarted): nothing to wait for.
+    Unknown,
+}
+
+/// Waits a little for a task; long tasks are picked up again by the next
+/// reconcile, from the UPID recorded in status.
+pub async fn poll_task(
+    client: &ProxmoxClient,
+    upid: &Upid,
+    wait: &TaskWaitConfig,
+) -> Result<TaskPoll, ProxmoxError> {
+    match client.wait_for_task_with(upid, wait).await {
+        Ok(outcome) => Ok(TaskPoll::Done(outcome)),
+        Err(ProxmoxError::TaskTimeout { .. }) => Ok(TaskPoll::Running),
+        Err(ProxmoxError::TaskFailed {
+            exit_status,
+            log_tail,
+            ..
+        }) => Ok(TaskPoll::Failed {
+            exit_status,
+            log_tail,
+        }),
+        Err(ProxmoxError::NotFound { .. } | ProxmoxError::ParameterVerification { .. }) => {
+            Ok(TaskPoll::Unknown)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// The seed ISO volumes named `file` on the node's ISO storages.
+pub async fn find_seed_volumes(
+    client: &ProxmoxClient,
+    node: &str,
+    file: &str,
+) -> Result<Vec<(String, String)>, ProxmoxError> {
+    let mut found = Vec::new();
+    for storage in client.node(node).storage_list(Some("iso")).await? {
+        if !storage.is_enabled() || !storage.holds("iso") {
+            continue;
+        }
+        let volid = format!("{}:iso/{file}", storage.storage);
+        let content = match client
+            .storage(node, &storage.storage)
+            .content(Some("iso"))
+            .await
+        {
+            Ok(content) => content,
+            // A storage the token may list but not read holds nothing of ours.
+            Err(ProxmoxError::PermissionDenied { .. }) => continue,
+            Err(error) => return Err(error),
+        };
+        if content.iter().any(|c| c.volid == volid) {
+            found.push((storage.storage.clone(), volid));
+        }
+    }
+    Ok(found)
+}
+
+/// Whether the volume is on the storage.
+pub async fn volume_exists(
+    client: &ProxmoxClient,
+    node: &str,
+    storage: &str,
+    volid: &str,
+) -> Result<bool, ProxmoxError> {
+    let content = client.storage(node, storage).content(Some("iso")).await?;
+    Ok(content.iter().any(|c| c.volid == volid))
+}
+
+// ------------------------------------------------------------------- IPAM
+
+/// Where a machine's addresses stand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Addresses {
+    /// Every claim has its address.
+    Allocated(Vec<DeviceAddress>),
+    /// Some claim waits; the message says which and why.
+    Pending(String),
+    /// The IPAM provider says why a claim has no address (pool exhausted,
+    /// no such pool…); it keeps trying.
+    Failed(String),
+}
+
+/// Creates the machine's missing IPAddressClaims (owned by it, so they go
+/// with it) and reads the addresses of all.
+pub async fn ensure_addresses(
+    client: &kube::Client,
+    machine: &ProxmoxMachine,
+    cluster_name: &str,
+    plans: &[ClaimPlan],
+) -> kube::Result<Addresses> {
+    let namespace = machine.metadata.namespace.clone().unwrap_or_default();
+    let name = machine.metadata.name.clone().unwrap_or_default();
+    let claims: Api<IpAddressClaim> = Api::namespaced(client.clone(), &namespace);
+    let addresses: Api<IpAddress> = Api::namespaced(client.clone(), &namespace);
+    let mut allocated = Vec::new();
+    let mut pending = Vec::new();
+    for plan in plans {
+        let claim = match claims.get_opt(&plan.name).await? {
+            Some(claim) => claim,
+            None => {
+                let claim = IpAddressClaim {
+                    metadata: ObjectMeta {
+                        name: Some(plan.name.clone()),
+                        namespace: Some(namespace.clone()),
+                        labels: Some(BTreeMap::from([
+                            (CLUSTER_NAME_LABEL.to_string(), cluster_name.to_string()),
+                            (MACHINE_LABEL.to_string(), name.clone()),
+                        ])),
+                        owner_references: machine.controller_owner_ref(&()).map(|o| vec![o]),
+                        ..Default::default()
+                    },
+                    spec: IpAddressClaimSpec {
+                        cluster_name: Some(cluster_name.to_string()),
+                        pool_ref: IpAddressClaimPoolRef {
+                            api_group: plan.pool_group.clone(),
+                            kind: plan.pool_kind.clone(),
+                            name: plan.pool_name.clone(),
+                        },
+                    },
+                    status: None,
+                };
+                let params = PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                match claims.create(&params, &claim).await {
+                    Ok(created) => {
+                        tracing::info!(machine = %name, claim = %plan.name, pool = %plan.pool_name, "created IPAddressClaim");
+                        created
+                    }
+                    Err(kube::Error::Api(status)) if status.code == 409 => {
+                        claims.get(&plan.name).await?
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        };
+        let status = claim.status.as_ref();
+        let refused = status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| {
+                c.r#type == "Ready"
+                    && c.status == IpAddressClaimStatusConditionsStatus::False
+                    && !c.message.is_empty()
+            });
+        match status.and_then(|s| s.address_ref.as_ref()) {
+            Some(reference) => match addresses.get_opt(&reference.name).await? {
+                Some(address) => match address.spec.address.parse::<IpAddr>() {
+                    Ok(ip) => allocated.push(DeviceAddress {
+                        device: plan.device.clone(),
+                        address: ip,
+                        prefix: u8::try_from(address.spec.prefix).unwrap_or(0),
+                        gateway: address.spec.gateway.as_deref().and_then(|g| g.parse().ok()),
+                    }),
+                    Err(_) => {
+                        return Ok(Addresses::Failed(format!(
+                            "IPAddress {} holds {:?}, not an IP address",
+                            reference.name, address.spec.address
+                        )));
+                    }
+                },
+                None => pending.push(format!(
+                    "IPAddress {} of claim {}",
+                    reference.name, plan.name
+                )),
+            },
+            None => match refused {
+                Some(condition) => {
+                    return Ok(Addresses::Failed(format!(
+                        "IPAddressClaim {} on {} {}: {}: {}",
+                        plan.name,
+                        plan.pool_kind,
+                        plan.pool_name,
+                        condition.reason,
+                        condition.message
+                    )));
+                }
+                None => pending.push(format!(
+                    "IPAddressClaim {} on {} {}",
+                    plan.name, plan.pool_kind, plan.pool_name
+                )),
+            },
+        }
+    }
+    if pending.is_empty() {
+        Ok(Addresses::Allocated(allocated))
+    } else {
+        Ok(Addresses::Pending(format!(
+            "waiting for {}",
+            pending.join(", ")
+        )))
+    }
+}
+
+/// Deletes the machine's IPAddressClaims; returns those not yet released
+/// (neither gone nor being deleted by the IPAM provider, which holds an
+/// address through its pool's reuse grace period).
+pub async fn release_addresses(
+    client: &kube::Client,
+    machine: &ProxmoxMachine,
+) -> kube::Result<Vec<String>> {
+    let namespace = machine.metadata.namespace.clone().unwrap_or_default();
+    let name = machine.metadata.name.clone().unwrap_or_default();
+    let uid = machine.metadata.uid.clone().unwrap_or_default();
+    let claims: Api<IpAddressClaim> = Api::namespaced(client.clone(), &namespace);
+    let mut left = Vec::new();
+    for claim in claims
+        .list(&ListParams::default().labels(&format!("{MACHINE_LABEL}={name}")))
+        .await?
+    {
+        let owned = claim
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid);
+        if !owned {
+            continue;
+        }
+        let claim_name = claim.metadata.name.clone().unwrap_or_default();
+        if claim.metadata.deletion_timestamp.is_none() {
+            match claims
+                .delete(&claim_name, &DeleteParams::background())
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(machine = %name, claim = %claim_name, "released IPAddressClaim")
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => continue,
+                Err(error) => return Err(error),
+            }
+            if claims
+                .get_opt(&claim_name)
+                .await?
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+            {
+                left.push(claim_name);
+            }
+        }
+    }
+    Ok(left)
+}
+
+/// How long a reconcile waits for a task before leaving it to the next one.
+pub fn reconcile_task_wait() -> TaskWaitConfig {
+    TaskWaitConfig {
+        initial_interval: Duration::from_millis(200),
+        max_interval: Duration::from_secs(1),
+        factor: 1.5,
+        jitter: true,
+        timeout: Duration::from_secs(5),
+        log_tail_lines: 5,
+    }
+}
