@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tenantry_api::contract::{
@@ -78,13 +78,15 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.wait(),
-                _ => None,
-            },
+            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
             _ => None,
         }
+    }
+}
+
+impl From<kube::runtime::finalizer::Error<Error>> for Error {
+    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
+        Error::Finalizer(Box::new(error))
     }
 }
 
@@ -142,20 +144,18 @@ async fn reconcile(
             .instrument(span)
             .await;
     }
-    let key = runtime::object_key(object.as_ref());
-    let result = finalizer(&api, KUBEVIRT_CLUSTER_FINALIZER, object, |event| async {
-        match event {
-            Finalizer::Apply(object) => apply(object, &ctx).await,
-            Finalizer::Cleanup(object) => cleanup(object, &ctx).await,
-        }
-    })
-    .instrument(span)
+    runtime::reconcile_with_finalizer(
+        &ctx.base,
+        object,
+        KUBEVIRT_CLUSTER_FINALIZER,
+        |event| async {
+            match event {
+                Finalizer::Apply(object) => apply(object, &ctx).await,
+                Finalizer::Cleanup(object) => cleanup(object, &ctx).await,
+            }
+        },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    if result.is_ok() {
-        ctx.base.backoff().succeeded(&key);
-    }
-    result
 }
 
 fn is_externally_managed(object: &KubevirtCluster) -> bool {

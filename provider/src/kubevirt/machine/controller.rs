@@ -6,14 +6,13 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
 use tenantry_api::kubevirt::{KUBEVIRT_MACHINE_FINALIZER, KubevirtMachine};
-use tracing::Instrument;
 
 use super::reconcile::{self, Error};
 use crate::capi::{Cluster, Machine};
@@ -111,28 +110,18 @@ async fn reconcile_machine(
     machine: Arc<KubevirtMachine>,
     ctx: Arc<MachineContext>,
 ) -> Result<Action, Error> {
-    let namespace = machine.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<KubevirtMachine> = Api::namespaced(ctx.base.client.clone(), &namespace);
-    let key = runtime::object_key(machine.as_ref());
-    let span = tracing::info_span!(
-        "reconcile",
-        kind = "KubevirtMachine",
-        namespace = %namespace,
-        machine = machine.metadata.name.as_deref().unwrap_or_default()
-    );
-    let result = finalizer(&api, KUBEVIRT_MACHINE_FINALIZER, machine, |event| async {
-        match event {
-            Finalizer::Apply(machine) => reconcile::apply(machine, &ctx).await,
-            Finalizer::Cleanup(machine) => reconcile::cleanup(machine, &ctx).await,
-        }
-    })
-    .instrument(span)
+    runtime::reconcile_with_finalizer(
+        &ctx.base,
+        machine,
+        KUBEVIRT_MACHINE_FINALIZER,
+        |event| async {
+            match event {
+                Finalizer::Apply(machine) => reconcile::apply(machine, &ctx).await,
+                Finalizer::Cleanup(machine) => reconcile::cleanup(machine, &ctx).await,
+            }
+        },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    if result.is_ok() {
-        ctx.base.backoff().succeeded(&key);
-    }
-    result
 }
 
 fn error_policy(machine: Arc<KubevirtMachine>, error: &Error, ctx: Arc<MachineContext>) -> Action {

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use tenantry_api::proxmox::{PROXMOX_CLUSTER_FINALIZER, ProxmoxCluster, ProxmoxMachine};
-use tracing::Instrument;
 
 use super::reconcile::{self, ClusterContext, Error, owner_cluster_name};
 use crate::capi::Cluster;
@@ -69,23 +68,18 @@ async fn reconcile_cluster(
     object: Arc<ProxmoxCluster>,
     ctx: Arc<ClusterContext>,
 ) -> Result<Action, Error> {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<ProxmoxCluster> = Api::namespaced(ctx.base.client.clone(), &namespace);
-    let key = runtime::object_key(object.as_ref());
-    let span = tracing::info_span!("reconcile", kind = "ProxmoxCluster", %namespace, cluster = object.metadata.name.as_deref().unwrap_or_default());
-    let result = finalizer(&api, PROXMOX_CLUSTER_FINALIZER, object, |event| async {
-        match event {
-            Finalizer::Apply(object) => reconcile::apply(object, &ctx).await,
-            Finalizer::Cleanup(object) => reconcile::cleanup(object, &ctx).await,
-        }
-    })
-    .instrument(span)
+    runtime::reconcile_with_finalizer(
+        &ctx.base,
+        object,
+        PROXMOX_CLUSTER_FINALIZER,
+        |event| async {
+            match event {
+                Finalizer::Apply(object) => reconcile::apply(object, &ctx).await,
+                Finalizer::Cleanup(object) => reconcile::cleanup(object, &ctx).await,
+            }
+        },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    if result.is_ok() {
-        ctx.base.backoff().succeeded(&key);
-    }
-    result
 }
 
 fn error_policy(object: Arc<ProxmoxCluster>, error: &Error, ctx: Arc<ClusterContext>) -> Action {

@@ -50,13 +50,15 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.wait(),
-                _ => None,
-            },
+            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
             _ => None,
         }
+    }
+}
+
+impl From<kube::runtime::finalizer::Error<Error>> for Error {
+    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
+        Error::Finalizer(Box::new(error))
     }
 }
 

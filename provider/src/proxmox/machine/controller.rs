@@ -6,12 +6,11 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
 use tenantry_api::proxmox::{PROXMOX_MACHINE_FINALIZER, ProxmoxCluster, ProxmoxMachine};
-use tracing::Instrument;
 
 use super::act::MACHINE_LABEL;
 use super::reconcile::{self, Error};
@@ -119,28 +118,18 @@ async fn reconcile_machine(
     machine: Arc<ProxmoxMachine>,
     ctx: Arc<MachineContext>,
 ) -> Result<Action, Error> {
-    let namespace = machine.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<ProxmoxMachine> = Api::namespaced(ctx.base.client.clone(), &namespace);
-    let key = runtime::object_key(machine.as_ref());
-    let span = tracing::info_span!(
-        "reconcile",
-        kind = "ProxmoxMachine",
-        namespace = %namespace,
-        machine = machine.metadata.name.as_deref().unwrap_or_default()
-    );
-    let result = finalizer(&api, PROXMOX_MACHINE_FINALIZER, machine, |event| async {
-        match event {
-            Finalizer::Apply(machine) => reconcile::apply(machine, &ctx).await,
-            Finalizer::Cleanup(machine) => reconcile::cleanup(machine, &ctx).await,
-        }
-    })
-    .instrument(span)
+    runtime::reconcile_with_finalizer(
+        &ctx.base,
+        machine,
+        PROXMOX_MACHINE_FINALIZER,
+        |event| async {
+            match event {
+                Finalizer::Apply(machine) => reconcile::apply(machine, &ctx).await,
+                Finalizer::Cleanup(machine) => reconcile::cleanup(machine, &ctx).await,
+            }
+        },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    if result.is_ok() {
-        ctx.base.backoff().succeeded(&key);
-    }
-    result
 }
 
 fn error_policy(machine: Arc<ProxmoxMachine>, error: &Error, ctx: Arc<MachineContext>) -> Action {
