@@ -37,6 +37,12 @@ pub struct ControlPlaneOptions {
     /// references cascade), namespace (namespace deletion) and service
     /// account controllers. Nothing else: no pods run here.
     pub controller_manager: bool,
+    /// Also run kube-controller-manager's node lifecycle controller, which
+    /// marks a Node's `Ready` condition `Unknown` (and taints it) once its
+    /// kubelet has not posted status or renewed its Lease for this long, as
+    /// in a tenant cluster whose worker stopped answering. Needs
+    /// `controller_manager`.
+    pub node_monitor_grace_period: Option<Duration>,
     /// Extra kube-apiserver flags, appended last.
     pub extra_apiserver_args: Vec<String>,
 }
@@ -46,6 +52,7 @@ impl Default for ControlPlaneOptions {
         Self {
             name: "harness".into(),
             controller_manager: true,
+            node_monitor_grace_period: None,
             extra_apiserver_args: Vec::new(),
         }
     }
@@ -251,9 +258,19 @@ impl ControlPlane {
 
         let controller_manager = if options.controller_manager {
             let mut cmd = Command::new(upstream.binary(Binary::KubeControllerManager)?);
+            let mut controllers = "garbagecollector,namespace,serviceaccount".to_string();
+            if let Some(grace) = options.node_monitor_grace_period {
+                controllers.push_str(",nodelifecycle");
+                cmd.args([
+                    format!("--node-monitor-grace-period={}s", grace.as_secs().max(1)),
+                    // It checks every period; a short one keeps `Unknown`
+                    // close to the grace period.
+                    "--node-monitor-period=1s".to_string(),
+                ]);
+            }
             cmd.args([
                 format!("--kubeconfig={}", kubeconfig_path.display()),
-                "--controllers=garbagecollector,namespace,serviceaccount".to_string(),
+                format!("--controllers={controllers}"),
                 "--leader-elect=false".to_string(),
                 "--secure-port=0".to_string(),
                 "--use-service-account-credentials=false".to_string(),

@@ -3,3 +3,4 @@
 
 pub mod kubevirt;
 pub mod proxmox;
+pub mod tenant;

@@ -79,6 +79,18 @@ impl std::fmt::Debug for ApiToken {
     }
 }
 
+/// Reads the simulated cluster's state; see [`PveSimulator::observer`].
+#[derive(Clone)]
+pub struct PveObserver {
+    shared: Arc<Shared>,
+}
+
+impl PveObserver {
+    pub fn snapshot(&self) -> ClusterSnapshot {
+        snapshot::take(&lock(&self.shared.cluster))
+    }
+}
+
 /// A running simulator. Dropping it stops the server and its tasks.
 pub struct PveSimulator {
     shared: Arc<Shared>,
@@ -187,6 +199,14 @@ impl PveSimulator {
 
     pub fn snapshot(&self) -> ClusterSnapshot {
         snapshot::take(&lock(&self.shared.cluster))
+    }
+
+    /// A handle that reads snapshots while the simulator runs, for other
+    /// simulators (the tenant nodes' kubelets) that follow its guests.
+    pub fn observer(&self) -> PveObserver {
+        PveObserver {
+            shared: self.shared.clone(),
+        }
     }
 
     pub fn call_counts(&self) -> CallCounts {

@@ -1,0 +1,712 @@
+//! Cluster API in the loop: MachineDeployments and MachineHealthChecks of
+//! tenantry's workers, driven by the real Cluster API core manager.
+//!
+//! Each workload cluster has a Kamaji control plane (the tenant control
+//! plane simulator: a real kube-apiserver per tenant), and every worker VM
+//! that the substrate simulators run gets a kubelet stand-in that registers
+//! its Node there. Workers take their Talos machine config through
+//! `bootstrap.dataSecretName`: CABPT's output is a Talos config in a Secret,
+//! and what matters to CAPI and tenantry is exactly that Secret, so the
+//! tests write it themselves instead of running CABPT.
+//!
+//! Asserted is what an operator sees: Machines `Running` with a `nodeRef`,
+//! Nodes in the tenant cluster, exactly as many VMs as Machines, the
+//! MachineHealthCheck's conditions, and nothing left in the substrate after
+//! the Cluster is deleted.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use serde_json::{Value, json};
+use tenantry_e2e::sim::kubevirt::{
+    DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
+};
+use tenantry_e2e::sim::tenant::{
+    KamajiControlPlaneSimulator, NodeFault, NodeSimConfig, NodeSimulator, TenantCluster,
+    TenantClusters, TenantControlPlaneOptions,
+};
+use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, wait};
+
+const DEADLINE: Duration = Duration::from_secs(240);
+const NAMESPACE: &str = "default";
+const CLUSTER: &str = "demo";
+const DEPLOYMENT: &str = "demo-md-0";
+const BOOTSTRAP_SECRET: &str = "demo-talos-worker";
+const KUBERNETES_VERSION: &str = "v1.35.0";
+const TALOS: &str = "v1.13.0";
+const TALOS_NEXT: &str = "v1.13.1";
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+fn capi(kind: &str, plural: &str) -> ApiResource {
+    resource("cluster.x-k8s.io", "v1beta2", kind, plural)
+}
+
+/// A management cluster with CAPI core, tenantry, the KubeVirt simulator,
+/// Kamaji (simulated) and the tenant nodes' kubelets.
+struct World {
+    // Field order is drop order: kubelets and controllers stop before what
+    // they talk to.
+    nodes: NodeSimulator,
+    kamaji: KamajiControlPlaneSimulator,
+    _tenantry: TenantryManager,
+    _sim: KubevirtSimulator,
+    factory: ImageFactory,
+    capi: ClusterApiManager,
+    control_plane: ControlPlane,
+}
+
+impl World {
+    async fn start() -> Self {
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: "management".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start control plane");
+        let client = control_plane.client();
+        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
+            .await
+            .expect("install tenantry CRDs");
+        let capi = ClusterApiManager::start(&control_plane)
+            .await
+            .expect("start Cluster API manager");
+        let sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
+            .await
+            .expect("start KubeVirt simulator");
+        let factory = ImageFactory::start(ImageFactoryConfig {
+            versions: vec![TALOS.into(), TALOS_NEXT.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("start image factory");
+        let tenants = TenantClusters::new();
+        let kamaji = KamajiControlPlaneSimulator::start(
+            client.clone(),
+            tenants.clone(),
+            TenantControlPlaneOptions {
+                node_monitor_grace_period: Duration::from_secs(8),
+            },
+        )
+        .await
+        .expect("start the Kamaji simulator");
+        let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
+        nodes.follow_kubevirt(client.clone());
+        let tenantry = TenantryManager::start(client);
+        Self {
+            nodes,
+            kamaji,
+            _tenantry: tenantry,
+            _sim: sim,
+            factory,
+            capi,
+            control_plane,
+        }
+    }
+
+    fn client(&self) -> kube::Client {
+        self.control_plane.client()
+    }
+
+    fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client(), NAMESPACE, resource)
+    }
+
+    fn fail(&self, error: anyhow::Error) -> ! {
+        panic!(
+            "{error:#}\n---- Cluster API manager log ----\n{}",
+            self.capi.log_tail(40)
+        )
+    }
+
+    async fn create(&self, document: Value) {
+        tenantry_e2e::manifests::create_object(&self.client(), &document, NAMESPACE)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// A Cluster with a KubevirtCluster and a KamajiControlPlane, as the
+    /// platform makes tenant clusters; returns its running tenant control
+    /// plane once Kamaji serves it, after writing the workers' Talos config.
+    async fn create_cluster(&self) -> TenantCluster {
+        self.create(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtCluster",
+            "metadata": { "name": CLUSTER },
+            "spec": {},
+        }))
+        .await;
+        self.create(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1alpha2",
+            "kind": "KamajiControlPlane",
+            "metadata": { "name": CLUSTER },
+            "spec": { "version": KUBERNETES_VERSION, "replicas": 2, "dataStoreName": "default" },
+        }))
+        .await;
+        self.create(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": { "name": CLUSTER },
+            "spec": {
+                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
+                "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KamajiControlPlane", "name": CLUSTER },
+                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtCluster", "name": CLUSTER }
+            }
+        }))
+        .await;
+        let kamaji = &self.kamaji;
+        let tenant = wait::until("the tenant control plane to run", DEADLINE, || async move {
+            Ok(kamaji.tenant(NAMESPACE, CLUSTER))
+        })
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        self.create(json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": { "name": BOOTSTRAP_SECRET },
+            "stringData": { "value": talos_worker_config(&tenant.endpoint), "format": "cloud-config" }
+        }))
+        .await;
+        // CAPI reports the control plane initialized (from Kamaji's status)
+        // and the infrastructure provisioned (from tenantry's): from here on
+        // it watches the tenant's Nodes.
+        let clusters = self.dynamic(&capi("Cluster", "clusters"));
+        wait::until("the Cluster to be initialized", DEADLINE, || {
+            let clusters = clusters.clone();
+            async move {
+                let cluster = clusters.get(CLUSTER).await?;
+                let status = &cluster.data["status"];
+                let initialized = status["initialization"]["controlPlaneInitialized"] == true
+                    && status["initialization"]["infrastructureProvisioned"] == true;
+                Ok(initialized.then_some(()))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        tenant
+    }
+
+    /// A KubevirtMachineTemplate for Talos workers of `talos` version.
+    async fn create_template(&self, name: &str, talos: &str) {
+        self.create(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtMachineTemplate",
+            "metadata": { "name": name },
+            "spec": { "template": { "spec": {
+                "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
+                "bootDisk": {
+                    "imageFactoryURL": self.factory.base_url().trim_end_matches('/'),
+                    "schematicID": DEFAULT_SCHEMATIC,
+                    "talosVersion": talos,
+                    "diskSize": "20Gi",
+                    "storageClass": "replicated"
+                },
+                "virtualMachineTemplate": { "spec": {
+                    "runStrategy": "Always",
+                    "template": { "spec": {
+                        "domain": {
+                            "cpu": { "cores": 2 },
+                            "memory": { "guest": "4Gi" },
+                            "devices": { "interfaces": [{ "name": "default", "bridge": {} }] }
+                        },
+                        "networks": [{ "name": "default", "pod": {} }]
+                    }}
+                }}
+            }}}
+        }))
+        .await;
+    }
+
+    async fn create_machine_deployment(&self, template: &str, replicas: u32) {
+        let labels = json!({ "cluster.x-k8s.io/cluster-name": CLUSTER, "cluster.x-k8s.io/deployment-name": DEPLOYMENT });
+        self.create(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "MachineDeployment",
+            "metadata": { "name": DEPLOYMENT },
+            "spec": {
+                "clusterName": CLUSTER,
+                "replicas": replicas,
+                "selector": { "matchLabels": labels },
+                "template": {
+                    "metadata": { "labels": labels },
+                    "spec": {
+                        "clusterName": CLUSTER,
+                        "version": KUBERNETES_VERSION,
+                        "bootstrap": { "dataSecretName": BOOTSTRAP_SECRET },
+                        "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtMachineTemplate", "name": template }
+                    }
+                }
+            }
+        }))
+        .await;
+    }
+
+    async fn patch_machine_deployment(&self, patch: Value) {
+        self.dynamic(&capi("MachineDeployment", "machinedeployments"))
+            .patch(DEPLOYMENT, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("patch MachineDeployment");
+    }
+
+    /// What an operator checks after a scale or rollout: the deployment's
+    /// Machines, each `Running` with a Node in the tenant, and exactly one
+    /// VM per Machine (and no VM without a Machine).
+    async fn settled_fleet(&self, tenant: &TenantCluster) -> anyhow::Result<Option<Fleet>> {
+        let machines = self
+            .dynamic(&capi("Machine", "machines"))
+            .list(
+                &ListParams::default()
+                    .labels(&format!("cluster.x-k8s.io/deployment-name={DEPLOYMENT}")),
+            )
+            .await?
+            .items;
+        let vms = self
+            .dynamic(&resource(
+                "kubevirt.io",
+                "v1",
+                "VirtualMachine",
+                "virtualmachines",
+            ))
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let nodes = Api::<Node>::all(tenant.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let mut fleet = Fleet::default();
+        for machine in &machines {
+            let name = machine.metadata.name.clone().unwrap_or_default();
+            let running = machine.data["status"]["phase"] == "Running";
+            let node = machine.data["status"]["nodeRef"]["name"].as_str();
+            if machine.metadata.deletion_timestamp.is_some() || !running || node.is_none() {
+                return Ok(None);
+            }
+            fleet.machines.insert(name);
+            fleet.infra.insert(
+                machine.data["spec"]["infrastructureRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            fleet.node_refs.insert(node.unwrap_or_default().to_string());
+        }
+        fleet.vms = vms
+            .iter()
+            .filter(|vm| vm.metadata.deletion_timestamp.is_none())
+            .filter_map(|vm| vm.metadata.name.clone())
+            .collect();
+        fleet.all_vms = vms.len();
+        fleet.nodes = nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        fleet.os_images = nodes
+            .iter()
+            .filter_map(|n| Some(n.status.as_ref()?.node_info.as_ref()?.os_image.clone()))
+            .collect();
+        let consistent = fleet.vms == fleet.infra
+            && fleet.all_vms == fleet.vms.len()
+            && fleet.nodes == fleet.node_refs;
+        Ok(consistent.then_some(fleet))
+    }
+
+    /// Scales the deployment and waits until CAPI, tenantry, the substrate
+    /// and the tenant all agree on `replicas` workers.
+    async fn scale(&self, tenant: &TenantCluster, replicas: usize) -> Fleet {
+        self.patch_machine_deployment(json!({ "spec": { "replicas": replicas } }))
+            .await;
+        self.wait_fleet(tenant, format!("{replicas} workers"), |fleet| {
+            fleet.machines.len() == replicas
+        })
+        .await
+    }
+
+    async fn wait_fleet(
+        &self,
+        tenant: &TenantCluster,
+        what: String,
+        done: impl Fn(&Fleet) -> bool,
+    ) -> Fleet {
+        let done = &done;
+        let fleet = wait::until(what, DEADLINE, || async move {
+            Ok(self.settled_fleet(tenant).await?.filter(|f| done(f)))
+        })
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        // And the MachineDeployment says so.
+        let deployments = self.dynamic(&capi("MachineDeployment", "machinedeployments"));
+        let replicas = fleet.machines.len() as i64;
+        wait::until(
+            "the MachineDeployment to count its ready workers",
+            DEADLINE,
+            || {
+                let deployments = deployments.clone();
+                async move {
+                    let md = deployments.get(DEPLOYMENT).await?;
+                    let status = &md.data["status"];
+                    let counted = status["replicas"] == replicas
+                        && status["readyReplicas"] == replicas
+                        && status["availableReplicas"] == replicas;
+                    Ok(counted.then_some(()))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        fleet
+    }
+
+    /// Deletes the Cluster and waits until the substrate and Kamaji hold
+    /// nothing of it.
+    async fn delete_cluster_and_check_nothing_is_left(&self) {
+        self.dynamic(&capi("Cluster", "clusters"))
+            .delete(CLUSTER, &DeleteParams::default())
+            .await
+            .expect("delete Cluster");
+        let client = self.client();
+        let kamaji = &self.kamaji;
+        wait::until(
+            "every VM, disk and tenant control plane to be gone",
+            DEADLINE,
+            || {
+                let client = client.clone();
+                async move {
+                    let vms = Api::<DynamicObject>::namespaced_with(
+                        client.clone(),
+                        NAMESPACE,
+                        &resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
+                    )
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .len();
+                    let vmis = Api::<DynamicObject>::namespaced_with(
+                        client.clone(),
+                        NAMESPACE,
+                        &resource(
+                            "kubevirt.io",
+                            "v1",
+                            "VirtualMachineInstance",
+                            "virtualmachineinstances",
+                        ),
+                    )
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .len();
+                    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE)
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .len();
+                    let clusters = Api::<DynamicObject>::namespaced_with(
+                        client.clone(),
+                        NAMESPACE,
+                        &capi("Cluster", "clusters"),
+                    )
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .len();
+                    let tenants = kamaji.running().await;
+                    Ok((vms + vmis + pvcs + clusters + tenants == 0).then_some(()))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        assert!(
+            self.nodes.nodes().is_empty(),
+            "kubelets left: {:?}",
+            self.nodes.nodes()
+        );
+    }
+}
+
+/// The workers as CAPI, the substrate and the tenant see them.
+#[derive(Debug, Default)]
+struct Fleet {
+    machines: BTreeSet<String>,
+    /// The infrastructure machines the Machines reference.
+    infra: BTreeSet<String>,
+    node_refs: BTreeSet<String>,
+    /// VMs not being deleted.
+    vms: BTreeSet<String>,
+    /// All VMs, including those being deleted.
+    all_vms: usize,
+    nodes: BTreeSet<String>,
+    os_images: BTreeSet<String>,
+}
+
+/// A Talos worker config naming the tenant's endpoint, as CABPT renders
+/// one (trimmed to what a kubelet reads).
+fn talos_worker_config(endpoint: &str) -> String {
+    format!(
+        "version: v1alpha1\ndebug: false\npersist: true\nmachine:\n  type: worker\n  token: test-token\n  kubelet:\n    image: ghcr.io/siderolabs/kubelet:{KUBERNETES_VERSION}\ncluster:\n  controlPlane:\n    endpoint: {endpoint}\n  clusterName: {CLUSTER}\n"
+    )
+}
+
+#[tokio::test]
+async fn kubevirt_machine_deployment_scales_up_and_down_with_capi() {
+    let world = World::start().await;
+    let tenant = world.create_cluster().await;
+    world.create_template("demo-workers-a", TALOS).await;
+    world.create_machine_deployment("demo-workers-a", 0).await;
+
+    let none = world
+        .wait_fleet(&tenant, "no workers".into(), |f| f.machines.is_empty())
+        .await;
+    assert!(none.vms.is_empty());
+
+    let three = world.scale(&tenant, 3).await;
+    assert_eq!(three.nodes.len(), 3, "{three:?}");
+    // Each Node carries the providerID tenantry reported for its Machine.
+    let nodes = Api::<Node>::all(tenant.client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list Nodes");
+    for node in &nodes.items {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        assert_eq!(
+            node.spec.as_ref().and_then(|s| s.provider_id.clone()),
+            Some(format!("kubevirt://{name}"))
+        );
+    }
+
+    let five = world.scale(&tenant, 5).await;
+    assert!(
+        three.machines.is_subset(&five.machines),
+        "scale-up keeps the workers it had"
+    );
+
+    let one = world.scale(&tenant, 1).await;
+    assert!(
+        one.machines.is_subset(&five.machines),
+        "scale-down keeps one of the existing workers: {one:?}"
+    );
+    // The VMs that went are exactly those of the Machines CAPI deleted.
+    let removed: BTreeSet<&String> = five.infra.difference(&one.infra).collect();
+    assert_eq!(removed.len(), 4);
+    assert!(one.vms.iter().all(|vm| !removed.contains(vm)));
+
+    world.delete_cluster_and_check_nothing_is_left().await;
+}
+
+#[tokio::test]
+async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
+    let world = World::start().await;
+    let tenant = world.create_cluster().await;
+    world.create_template("demo-workers-a", TALOS).await;
+    world.create_machine_deployment("demo-workers-a", 3).await;
+    let before = world
+        .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
+        .await;
+    assert_eq!(
+        before.os_images,
+        BTreeSet::from([format!("Talos ({TALOS})")])
+    );
+
+    // Templates are immutable: a new version is a new template.
+    world.create_template("demo-workers-b", TALOS_NEXT).await;
+    world
+        .patch_machine_deployment(json!({ "spec": { "template": { "spec": {
+            "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtMachineTemplate", "name": "demo-workers-b" }
+        }}}}))
+        .await;
+    let expected_image = format!("Talos ({TALOS_NEXT})");
+    let after = world
+        .wait_fleet(&tenant, "3 workers on the new Talos version".into(), |f| {
+            f.machines.len() == 3
+                && f.machines.is_disjoint(&before.machines)
+                && f.os_images == BTreeSet::from([expected_image.clone()])
+        })
+        .await;
+    assert!(after.vms.is_disjoint(&before.vms), "every VM was replaced");
+    // Each new VM boots the new image.
+    let vms = world.dynamic(&resource(
+        "kubevirt.io",
+        "v1",
+        "VirtualMachine",
+        "virtualmachines",
+    ));
+    let url = world
+        .factory
+        .image_url(DEFAULT_SCHEMATIC, TALOS_NEXT, "openstack-amd64.raw.xz");
+    for name in &after.vms {
+        let vm = vms.get(name).await.expect("VM");
+        assert_eq!(
+            vm.data["spec"]["dataVolumeTemplates"][0]["spec"]["source"]["http"]["url"],
+            url
+        );
+    }
+
+    world.delete_cluster_and_check_nothing_is_left().await;
+}
+
+#[tokio::test]
+async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool() {
+    let world = World::start().await;
+    let tenant = world.create_cluster().await;
+    world.create_template("demo-workers-a", TALOS).await;
+    world.create_machine_deployment("demo-workers-a", 3).await;
+    let before = world
+        .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
+        .await;
+    // The platform's default worker health check, with short timeouts.
+    world
+        .create(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "MachineHealthCheck",
+            "metadata": { "name": DEPLOYMENT },
+            "spec": {
+                "clusterName": CLUSTER,
+                "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
+                "checks": {
+                    "nodeStartupTimeoutSeconds": 600,
+                    "unhealthyNodeConditions": [
+                        { "type": "Ready", "status": "False", "timeoutSeconds": 5 },
+                        { "type": "Ready", "status": "Unknown", "timeoutSeconds": 5 }
+                    ]
+                },
+                "remediation": { "triggerIf": { "unhealthyLessThanOrEqualTo": "50%" } }
+            }
+        }))
+        .await;
+    let checks = world.dynamic(&capi("MachineHealthCheck", "machinehealthchecks"));
+    let check_counts = |healthy: i64| {
+        let checks = checks.clone();
+        move || {
+            let checks = checks.clone();
+            async move {
+                let mhc = checks.get(DEPLOYMENT).await?;
+                let status = &mhc.data["status"];
+                Ok(
+                    (status["expectedMachines"] == 3 && status["currentHealthy"] == healthy)
+                        .then_some(mhc),
+                )
+            }
+        }
+    };
+    wait::until(
+        "the health check to count 3 healthy workers",
+        DEADLINE,
+        check_counts(3),
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+
+    // One worker's kubelet reports NotReady: CAPI remediates it, tenantry
+    // deletes its VM, a replacement joins.
+    let machine_of = |fleet: &Fleet, node: &str| -> String {
+        // Nodes, VMs and Machines share their name here.
+        assert!(fleet.machines.contains(node), "{node} in {fleet:?}");
+        node.to_string()
+    };
+    let sick = before.node_refs.iter().next().expect("a node").clone();
+    let sick_machine = machine_of(&before, &sick);
+    world.nodes.inject_fault(&sick, NodeFault::NotReady);
+    let healed = world
+        .wait_fleet(&tenant, format!("{sick} to be replaced"), |f| {
+            f.machines.len() == 3 && !f.machines.contains(&sick_machine)
+        })
+        .await;
+    world.nodes.clear_fault(&sick);
+    assert_eq!(
+        healed.machines.intersection(&before.machines).count(),
+        2,
+        "only the unhealthy worker was replaced"
+    );
+    assert!(!healed.vms.contains(&sick), "its VM is gone");
+    wait::until(
+        "the health check to count 3 healthy workers again",
+        DEADLINE,
+        check_counts(3),
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+
+    // Two of three NotReady is more than 50%: nothing is remediated, and the
+    // health check says why.
+    let pair: Vec<&str> = healed
+        .node_refs
+        .iter()
+        .take(2)
+        .map(String::as_str)
+        .collect();
+    world.nodes.inject_faults(&pair, NodeFault::NotReady);
+    let mhc = wait::until("the health check to restrict remediation", DEADLINE, || {
+        let checks = checks.clone();
+        async move {
+            let mhc = checks.get(DEPLOYMENT).await?;
+            let restricted = mhc.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "RemediationAllowed"
+                        && c["status"] == "False"
+                        && c["reason"] == "TooManyUnhealthy"
+                });
+            Ok((restricted && mhc.data["status"]["currentHealthy"] == 1).then_some(mhc))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    assert_eq!(
+        mhc.data["status"]["remediationsAllowed"], 0,
+        "{}",
+        mhc.data["status"]
+    );
+    let machines = world.dynamic(&capi("Machine", "machines"));
+    for name in &pair {
+        let machine = machines
+            .get(name)
+            .await
+            .expect("the unhealthy Machine is kept");
+        assert!(
+            machine.metadata.deletion_timestamp.is_none(),
+            "{name} is not remediated"
+        );
+        let conditions = machine.data["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            conditions
+                .iter()
+                .any(|c| c["type"] == "HealthCheckSucceeded" && c["status"] == "False"),
+            "{name} is marked unhealthy: {conditions:?}"
+        );
+        assert!(
+            !conditions
+                .iter()
+                .any(|c| c["type"] == "OwnerRemediated" && c["status"] == "False"),
+            "{name} is not handed to its owner for remediation: {conditions:?}"
+        );
+    }
+    for name in &pair {
+        world.nodes.clear_fault(name);
+    }
+    wait::until(
+        "the health check to count 3 healthy workers at last",
+        DEADLINE,
+        check_counts(3),
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let still = world
+        .wait_fleet(&tenant, "the same 3 workers".into(), |f| {
+            f.machines.len() == 3
+        })
+        .await;
+    assert_eq!(still.machines, healed.machines, "no worker was replaced");
+
+    world.delete_cluster_and_check_nothing_is_left().await;
+}
