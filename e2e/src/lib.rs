@@ -13,6 +13,7 @@ pub mod control_plane;
 pub mod manifests;
 pub mod pki;
 pub mod process;
+pub mod pve_lab;
 pub mod sim;
 pub mod tenantry;
 pub mod upstream;

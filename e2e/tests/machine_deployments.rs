@@ -17,10 +17,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
+use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
@@ -29,10 +30,13 @@ use tenantry_e2e::sim::tenant::{
     TenantClusters, TenantControlPlaneOptions,
 };
 use tenantry_e2e::tenantry::TenantryManager;
-use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, wait};
+use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
 
 const DEADLINE: Duration = Duration::from_secs(240);
+/// The KubeVirt world's namespace; the Proxmox world's is its PVE tenant.
 const NAMESPACE: &str = "default";
+const PVE_TENANT: &str = "tenant-a";
+const PVE_CREDENTIALS: &str = "pve-credentials";
 const CLUSTER: &str = "demo";
 const DEPLOYMENT: &str = "demo-md-0";
 const BOOTSTRAP_SECRET: &str = "demo-talos-worker";
@@ -48,7 +52,19 @@ fn capi(kind: &str, plural: &str) -> ApiResource {
     resource("cluster.x-k8s.io", "v1beta2", kind, plural)
 }
 
-/// A management cluster with CAPI core, tenantry, the KubeVirt simulator,
+/// Where the workers run.
+enum Substrate {
+    Kubevirt {
+        _sim: KubevirtSimulator,
+        factory: ImageFactory,
+    },
+    Proxmox {
+        pve: PveLab,
+        _ipam: UpstreamManager,
+    },
+}
+
+/// A management cluster with CAPI core, tenantry, a substrate simulator,
 /// Kamaji (simulated) and the tenant nodes' kubelets.
 struct World {
     // Field order is drop order: kubelets and controllers stop before what
@@ -56,24 +72,48 @@ struct World {
     nodes: NodeSimulator,
     kamaji: KamajiControlPlaneSimulator,
     _tenantry: TenantryManager,
-    _sim: KubevirtSimulator,
-    factory: ImageFactory,
+    substrate: Substrate,
     capi: ClusterApiManager,
     control_plane: ControlPlane,
+    namespace: String,
+}
+
+/// The management cluster with tenantry's CRDs.
+async fn start_management() -> ControlPlane {
+    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+        name: "management".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start control plane");
+    tenantry_e2e::manifests::apply_crds(&control_plane.client(), tenantry_api::crds::all())
+        .await
+        .expect("install tenantry CRDs");
+    control_plane
+}
+
+/// Kamaji for the tenants' control planes, and their Nodes' kubelets.
+async fn start_tenant_side(client: &kube::Client) -> (KamajiControlPlaneSimulator, NodeSimulator) {
+    let tenants = TenantClusters::new();
+    let kamaji = KamajiControlPlaneSimulator::start(
+        client.clone(),
+        tenants.clone(),
+        TenantControlPlaneOptions {
+            node_monitor_grace_period: Duration::from_secs(8),
+        },
+    )
+    .await
+    .expect("start the Kamaji simulator");
+    (
+        kamaji,
+        NodeSimulator::start(tenants, NodeSimConfig::default()),
+    )
 }
 
 impl World {
-    async fn start() -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "management".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
+    async fn start_kubevirt() -> Self {
+        let control_plane = start_management().await;
         let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
         let capi = ClusterApiManager::start(&control_plane)
             .await
             .expect("start Cluster API manager");
@@ -86,27 +126,41 @@ impl World {
         })
         .await
         .expect("start image factory");
-        let tenants = TenantClusters::new();
-        let kamaji = KamajiControlPlaneSimulator::start(
-            client.clone(),
-            tenants.clone(),
-            TenantControlPlaneOptions {
-                node_monitor_grace_period: Duration::from_secs(8),
-            },
-        )
-        .await
-        .expect("start the Kamaji simulator");
-        let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
+        let (kamaji, nodes) = start_tenant_side(&client).await;
         nodes.follow_kubevirt(client.clone());
         let tenantry = TenantryManager::start(client);
         Self {
             nodes,
             kamaji,
             _tenantry: tenantry,
-            _sim: sim,
-            factory,
+            substrate: Substrate::Kubevirt { _sim: sim, factory },
             capi,
             control_plane,
+            namespace: NAMESPACE.into(),
+        }
+    }
+
+    async fn start_proxmox() -> Self {
+        let control_plane = start_management().await;
+        let client = control_plane.client();
+        let capi = ClusterApiManager::start(&control_plane)
+            .await
+            .expect("start Cluster API manager");
+        let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
+            .await
+            .expect("start the in-cluster IPAM provider");
+        let pve = PveLab::start(lab_config(&[PVE_TENANT])).await;
+        let (kamaji, nodes) = start_tenant_side(&client).await;
+        nodes.follow_proxmox(pve.sim.observer());
+        let tenantry = TenantryManager::start(client);
+        Self {
+            nodes,
+            kamaji,
+            _tenantry: tenantry,
+            substrate: Substrate::Proxmox { pve, _ipam: ipam },
+            capi,
+            control_plane,
+            namespace: PVE_TENANT.into(),
         }
     }
 
@@ -115,7 +169,22 @@ impl World {
     }
 
     fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client(), NAMESPACE, resource)
+        Api::namespaced_with(self.client(), &self.namespace, resource)
+    }
+
+    fn factory(&self) -> &ImageFactory {
+        match &self.substrate {
+            Substrate::Kubevirt { factory, .. } => factory,
+            Substrate::Proxmox { .. } => panic!("the Proxmox world has no image factory"),
+        }
+    }
+
+    /// `Kubevirt<suffix>` or `Proxmox<suffix>`.
+    fn infrastructure_kind(&self, suffix: &str) -> String {
+        match self.substrate {
+            Substrate::Kubevirt { .. } => format!("Kubevirt{suffix}"),
+            Substrate::Proxmox { .. } => format!("Proxmox{suffix}"),
+        }
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
@@ -126,22 +195,68 @@ impl World {
     }
 
     async fn create(&self, document: Value) {
-        tenantry_e2e::manifests::create_object(&self.client(), &document, NAMESPACE)
+        tenantry_e2e::manifests::create_object(&self.client(), &document, &self.namespace)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
-    /// A Cluster with a KubevirtCluster and a KamajiControlPlane, as the
-    /// platform makes tenant clusters; returns its running tenant control
-    /// plane once Kamaji serves it, after writing the workers' Talos config.
+    /// The substrate's cluster object: a KubevirtCluster, or for Proxmox
+    /// the tenant's pool, user and token on the hypervisor, its namespace
+    /// with the credentials Secret, and a ProxmoxCluster.
+    async fn create_infrastructure_cluster(&self) {
+        match &self.substrate {
+            Substrate::Kubevirt { .. } => {
+                self.create(json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+                    "kind": "KubevirtCluster",
+                    "metadata": { "name": CLUSTER },
+                    "spec": {},
+                }))
+                .await;
+            }
+            Substrate::Proxmox { pve, .. } => {
+                let token = pve.tenant(PVE_TENANT, &[]).await;
+                Api::<Namespace>::all(self.client())
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(json!({ "metadata": { "name": PVE_TENANT } }))
+                            .expect("namespace"),
+                    )
+                    .await
+                    .expect("create namespace");
+                self.create(json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": { "name": PVE_CREDENTIALS },
+                    "stringData": {
+                        "url": pve.sim.url().as_str(),
+                        "token_id": token.id,
+                        "token_secret": token.secret,
+                        "root_ca": pve.sim.ca_pem(),
+                    }
+                }))
+                .await;
+                self.create(json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxCluster",
+                    "metadata": { "name": CLUSTER },
+                    "spec": {
+                        "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
+                        "ipv4Config": { "addresses": ["10.10.1.10-10.10.1.60"], "prefix": 24, "gateway": "10.10.1.1" },
+                        "dnsServers": ["10.10.0.53"],
+                        "allowedNodes": ["pve1", "pve2"],
+                        "credentialsRef": { "name": PVE_CREDENTIALS },
+                    }
+                }))
+                .await;
+            }
+        }
+    }
+
+    /// A Cluster with the substrate's cluster object and a
+    /// KamajiControlPlane, as the platform makes tenant clusters; returns
+    /// its tenant control plane once Kamaji serves it, after writing the
+    /// workers' Talos config.
     async fn create_cluster(&self) -> TenantCluster {
-        self.create(json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-            "kind": "KubevirtCluster",
-            "metadata": { "name": CLUSTER },
-            "spec": {},
-        }))
-        .await;
+        self.create_infrastructure_cluster().await;
         self.create(json!({
             "apiVersion": "controlplane.cluster.x-k8s.io/v1alpha2",
             "kind": "KamajiControlPlane",
@@ -156,13 +271,13 @@ impl World {
             "spec": {
                 "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
                 "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KamajiControlPlane", "name": CLUSTER },
-                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtCluster", "name": CLUSTER }
+                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": self.infrastructure_kind("Cluster"), "name": CLUSTER }
             }
         }))
         .await;
-        let kamaji = &self.kamaji;
+        let (kamaji, namespace) = (&self.kamaji, self.namespace.as_str());
         let tenant = wait::until("the tenant control plane to run", DEADLINE, || async move {
-            Ok(kamaji.tenant(NAMESPACE, CLUSTER))
+            Ok(kamaji.tenant(namespace, CLUSTER))
         })
         .await
         .unwrap_or_else(|e| self.fail(e));
@@ -192,8 +307,23 @@ impl World {
         tenant
     }
 
-    /// A KubevirtMachineTemplate for Talos workers of `talos` version.
+    /// A machine template for Talos workers of version `talos`. KubeVirt
+    /// workers boot a disk from the image factory; Proxmox workers are
+    /// clones of the Talos template VM.
     async fn create_template(&self, name: &str, talos: &str) {
+        let factory = match &self.substrate {
+            Substrate::Kubevirt { factory, .. } => factory,
+            Substrate::Proxmox { .. } => {
+                self.create(json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+                    "kind": "ProxmoxMachineTemplate",
+                    "metadata": { "name": name },
+                    "spec": { "template": { "spec": worker_spec(PVE_TENANT) } }
+                }))
+                .await;
+                return;
+            }
+        };
         self.create(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
             "kind": "KubevirtMachineTemplate",
@@ -201,7 +331,7 @@ impl World {
             "spec": { "template": { "spec": {
                 "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
                 "bootDisk": {
-                    "imageFactoryURL": self.factory.base_url().trim_end_matches('/'),
+                    "imageFactoryURL": factory.base_url().trim_end_matches('/'),
                     "schematicID": DEFAULT_SCHEMATIC,
                     "talosVersion": talos,
                     "diskSize": "20Gi",
@@ -239,7 +369,7 @@ impl World {
                         "clusterName": CLUSTER,
                         "version": KUBERNETES_VERSION,
                         "bootstrap": { "dataSecretName": BOOTSTRAP_SECRET },
-                        "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtMachineTemplate", "name": template }
+                        "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": self.infrastructure_kind("MachineTemplate"), "name": template }
                     }
                 }
             }
@@ -254,9 +384,46 @@ impl World {
             .expect("patch MachineDeployment");
     }
 
+    /// The names of the substrate's VMs that are not being deleted, and how
+    /// many VMs there are in all.
+    async fn vms(&self) -> anyhow::Result<(BTreeSet<String>, usize)> {
+        match &self.substrate {
+            Substrate::Kubevirt { .. } => {
+                let vms = self
+                    .dynamic(&resource(
+                        "kubevirt.io",
+                        "v1",
+                        "VirtualMachine",
+                        "virtualmachines",
+                    ))
+                    .list(&ListParams::default())
+                    .await?
+                    .items;
+                let live = vms
+                    .iter()
+                    .filter(|vm| vm.metadata.deletion_timestamp.is_none())
+                    .filter_map(|vm| vm.metadata.name.clone())
+                    .collect();
+                Ok((live, vms.len()))
+            }
+            Substrate::Proxmox { pve, .. } => {
+                let guests: BTreeSet<String> = pve
+                    .sim
+                    .snapshot()
+                    .vms
+                    .iter()
+                    .filter(|vm| !vm.template)
+                    .map(|vm| vm.name.clone())
+                    .collect();
+                let count = guests.len();
+                Ok((guests, count))
+            }
+        }
+    }
+
     /// What an operator checks after a scale or rollout: the deployment's
     /// Machines, each `Running` with a Node in the tenant, and exactly one
-    /// VM per Machine (and no VM without a Machine).
+    /// VM per Machine (and no VM without a Machine). `None` until all agree.
     async fn settled_fleet(&self, tenant: &TenantCluster) -> anyhow::Result<Option<Fleet>> {
         let machines = self
             .dynamic(&capi("Machine", "machines"))
@@ -264,16 +431,6 @@ impl World {
                 &ListParams::default()
                     .labels(&format!("cluster.x-k8s.io/deployment-name={DEPLOYMENT}")),
             )
-            .await?
-            .items;
-        let vms = self
-            .dynamic(&resource(
-                "kubevirt.io",
-                "v1",
-                "VirtualMachine",
-                "virtualmachines",
-            ))
-            .list(&ListParams::default())
             .await?
             .items;
         let nodes = Api::<Node>::all(tenant.client.clone())
@@ -297,12 +454,7 @@ impl World {
             );
             fleet.node_refs.insert(node.unwrap_or_default().to_string());
         }
-        fleet.vms = vms
-            .iter()
-            .filter(|vm| vm.metadata.deletion_timestamp.is_none())
-            .filter_map(|vm| vm.metadata.name.clone())
-            .collect();
-        fleet.all_vms = vms.len();
+        (fleet.vms, fleet.all_vms) = self.vms().await?;
         fleet.nodes = nodes
             .iter()
             .filter_map(|n| n.metadata.name.clone())
@@ -363,6 +515,95 @@ impl World {
         fleet
     }
 
+    /// What is left of a deleted Cluster: CAPI objects, VMs, disks, IP
+    /// claims and tenant control planes.
+    async fn leftovers(&self) -> anyhow::Result<Vec<String>> {
+        let mut left = Vec::new();
+        let names = |resource: ApiResource| async move {
+            anyhow::Ok(
+                self.dynamic(&resource)
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .map(|o| {
+                        format!(
+                            "{} {}",
+                            resource.kind,
+                            o.metadata.name.clone().unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
+        left.extend(names(capi("Cluster", "clusters")).await?);
+        left.extend(names(capi("Machine", "machines")).await?);
+        match &self.substrate {
+            Substrate::Kubevirt { .. } => {
+                left.extend(
+                    names(resource(
+                        "kubevirt.io",
+                        "v1",
+                        "VirtualMachine",
+                        "virtualmachines",
+                    ))
+                    .await?,
+                );
+                left.extend(
+                    names(resource(
+                        "kubevirt.io",
+                        "v1",
+                        "VirtualMachineInstance",
+                        "virtualmachineinstances",
+                    ))
+                    .await?,
+                );
+                left.extend(
+                    Api::<PersistentVolumeClaim>::namespaced(self.client(), &self.namespace)
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .iter()
+                        .map(|o| format!("PVC {}", o.metadata.name.clone().unwrap_or_default())),
+                );
+            }
+            Substrate::Proxmox { pve, .. } => {
+                left.extend(
+                    names(resource(
+                        "ipam.cluster.x-k8s.io",
+                        "v1beta2",
+                        "IPAddressClaim",
+                        "ipaddressclaims",
+                    ))
+                    .await?,
+                );
+                let snapshot = pve.sim.snapshot();
+                left.extend(
+                    snapshot
+                        .vms
+                        .iter()
+                        .filter(|vm| !vm.template)
+                        .map(|vm| format!("VM {} ({})", vm.vmid, vm.name)),
+                );
+                left.extend(
+                    snapshot
+                        .volumes
+                        .iter()
+                        .filter(|v| v.storage.starts_with(PVE_TENANT))
+                        .map(|v| format!("volume {}", v.volid)),
+                );
+            }
+        }
+        let tenants = self.kamaji.running().await;
+        if tenants > 0 {
+            left.push(format!("{tenants} tenant control plane(s)"));
+        }
+        if !self.nodes.nodes().is_empty() {
+            left.push(format!("kubelets {:?}", self.nodes.nodes()));
+        }
+        Ok(left)
+    }
+
     /// Deletes the Cluster and waits until the substrate and Kamaji hold
     /// nothing of it.
     async fn delete_cluster_and_check_nothing_is_left(&self) {
@@ -370,63 +611,16 @@ impl World {
             .delete(CLUSTER, &DeleteParams::default())
             .await
             .expect("delete Cluster");
-        let client = self.client();
-        let kamaji = &self.kamaji;
-        wait::until(
-            "every VM, disk and tenant control plane to be gone",
+        let outcome = wait::until(
+            "everything of the Cluster to be gone",
             DEADLINE,
-            || {
-                let client = client.clone();
-                async move {
-                    let vms = Api::<DynamicObject>::namespaced_with(
-                        client.clone(),
-                        NAMESPACE,
-                        &resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
-                    )
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .len();
-                    let vmis = Api::<DynamicObject>::namespaced_with(
-                        client.clone(),
-                        NAMESPACE,
-                        &resource(
-                            "kubevirt.io",
-                            "v1",
-                            "VirtualMachineInstance",
-                            "virtualmachineinstances",
-                        ),
-                    )
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .len();
-                    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE)
-                        .list(&ListParams::default())
-                        .await?
-                        .items
-                        .len();
-                    let clusters = Api::<DynamicObject>::namespaced_with(
-                        client.clone(),
-                        NAMESPACE,
-                        &capi("Cluster", "clusters"),
-                    )
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .len();
-                    let tenants = kamaji.running().await;
-                    Ok((vms + vmis + pvcs + clusters + tenants == 0).then_some(()))
-                }
-            },
+            || async move { Ok(self.leftovers().await?.is_empty().then_some(())) },
         )
-        .await
-        .unwrap_or_else(|e| self.fail(e));
-        assert!(
-            self.nodes.nodes().is_empty(),
-            "kubelets left: {:?}",
-            self.nodes.nodes()
-        );
+        .await;
+        if let Err(error) = outcome {
+            let left = self.leftovers().await;
+            self.fail(error.context(format!("still there: {left:?}")));
+        }
     }
 }
 
@@ -455,7 +649,7 @@ fn talos_worker_config(endpoint: &str) -> String {
 
 #[tokio::test]
 async fn kubevirt_machine_deployment_scales_up_and_down_with_capi() {
-    let world = World::start().await;
+    let world = World::start_kubevirt().await;
     let tenant = world.create_cluster().await;
     world.create_template("demo-workers-a", TALOS).await;
     world.create_machine_deployment("demo-workers-a", 0).await;
@@ -501,7 +695,7 @@ async fn kubevirt_machine_deployment_scales_up_and_down_with_capi() {
 
 #[tokio::test]
 async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
-    let world = World::start().await;
+    let world = World::start_kubevirt().await;
     let tenant = world.create_cluster().await;
     world.create_template("demo-workers-a", TALOS).await;
     world.create_machine_deployment("demo-workers-a", 3).await;
@@ -537,7 +731,7 @@ async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
         "virtualmachines",
     ));
     let url = world
-        .factory
+        .factory()
         .image_url(DEFAULT_SCHEMATIC, TALOS_NEXT, "openstack-amd64.raw.xz");
     for name in &after.vms {
         let vm = vms.get(name).await.expect("VM");
@@ -552,7 +746,7 @@ async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
 
 #[tokio::test]
 async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool() {
-    let world = World::start().await;
+    let world = World::start_kubevirt().await;
     let tenant = world.create_cluster().await;
     world.create_template("demo-workers-a", TALOS).await;
     world.create_machine_deployment("demo-workers-a", 3).await;
@@ -707,6 +901,50 @@ async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool
         })
         .await;
     assert_eq!(still.machines, healed.machines, "no worker was replaced");
+
+    world.delete_cluster_and_check_nothing_is_left().await;
+}
+
+#[tokio::test]
+async fn proxmox_machine_deployment_scales_up_and_down_with_capi() {
+    let world = World::start_proxmox().await;
+    let tenant = world.create_cluster().await;
+    world.create_template("demo-workers-a", TALOS).await;
+    world.create_machine_deployment("demo-workers-a", 0).await;
+    world
+        .wait_fleet(&tenant, "no workers".into(), |f| f.machines.is_empty())
+        .await;
+
+    let three = world.scale(&tenant, 3).await;
+    // Each worker was cloned into the tenant's pool, and its Node carries
+    // the SMBIOS UUID providerID that tenantry reported for its Machine.
+    let Substrate::Proxmox { pve, .. } = &world.substrate else {
+        unreachable!()
+    };
+    let snapshot = pve.sim.snapshot();
+    let machines = world.dynamic(&capi("Machine", "machines"));
+    for name in &three.machines {
+        let vm = snapshot
+            .vms
+            .iter()
+            .find(|vm| &vm.name == name)
+            .expect("a VM per Machine");
+        assert_eq!(vm.pool.as_deref(), Some(PVE_TENANT));
+        let machine = machines.get(name).await.expect("Machine");
+        let provider_id = format!("proxmox://{}", vm.smbios_uuid.clone().expect("uuid"));
+        assert_eq!(machine.data["spec"]["providerID"], provider_id.as_str());
+        let node = Api::<Node>::all(tenant.client.clone())
+            .get(name)
+            .await
+            .expect("Node");
+        assert_eq!(node.spec.and_then(|s| s.provider_id), Some(provider_id));
+    }
+
+    let five = world.scale(&tenant, 5).await;
+    assert!(three.machines.is_subset(&five.machines));
+    let one = world.scale(&tenant, 1).await;
+    assert!(one.machines.is_subset(&five.machines), "{one:?}");
+    assert_eq!(five.vms.difference(&one.vms).count(), 4);
 
     world.delete_cluster_and_check_nothing_is_left().await;
 }

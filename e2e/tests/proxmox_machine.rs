@@ -10,7 +10,7 @@
 //! hypervisor.
 
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -26,245 +26,25 @@ use tenantry_api::generated::capi::machine::Machine;
 use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate};
 use tenantry_e2e::sim::proxmox::{
-    ApiToken, ClusterSnapshot, DropMode, NodeSpec, PveSimConfig, PveSimulator, RequestMatch,
-    StorageSpec, StorageType, Trigger, VmPower, VmSnapshot,
+    ApiToken, ClusterSnapshot, DropMode, PveSimConfig, RequestMatch, Trigger, VmPower, VmSnapshot,
 };
+use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::tenantry::TenantryManager;
 use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
-use tenantry_provider::proxmox::client::{
-    ApiUrl, ClientConfig, Credentials, ProxmoxClient, ProxmoxError, TlsVerification,
-};
+use tenantry_provider::proxmox::client::ProxmoxError;
 
 const DEADLINE: Duration = Duration::from_secs(180);
 const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
-const TEMPLATE: u32 = 9000;
-const TEMPLATE_NODE: &str = "pve1";
 const CREDENTIALS: &str = "pve-credentials";
 
 // ---------------------------------------------------------------- the hypervisor
 
-/// The PVE simulator and a root client for setting it up.
-struct Pve {
-    sim: PveSimulator,
-    http: reqwest::Client,
-    auth: String,
-}
+type Pve = PveLab;
 
-/// Two nodes of different sizes; per tenant a disk storage and an ISO
-/// storage (shared, so clones may land on either node); the templates on a
-/// shared storage of their own.
 fn sim_config() -> PveSimConfig {
-    let mut config = PveSimConfig::for_tests();
-    config.cluster_name = Some("lab".into());
-    config.nodes = vec![NodeSpec::new("pve1", 16, 64), NodeSpec::new("pve2", 8, 32)];
-    config.storages = vec![
-        StorageSpec::new("local", StorageType::Dir, &["iso", "vztmpl", "images"]),
-        StorageSpec::new("templates", StorageType::Rbd, &["images"]),
-    ];
-    for tenant in [
+    lab_config(&[
         "tenant-a", "tenant-b", "no-clone", "no-space", "broad", "flaky", "restart", "crowd",
-    ] {
-        config.storages.push(StorageSpec::new(
-            format!("{tenant}-disks"),
-            StorageType::Rbd,
-            &["images"],
-        ));
-        config.storages.push(StorageSpec::new(
-            format!("{tenant}-iso"),
-            StorageType::Nfs,
-            &["iso"],
-        ));
-    }
-    config
-}
-
-impl Pve {
-    async fn start(config: PveSimConfig) -> Self {
-        let sim = PveSimulator::start(config)
-            .await
-            .expect("start the PVE simulator");
-        let http = http_trusting(sim.ca_pem());
-        let auth = sim.root_token().authorization();
-        let pve = Self { sim, http, auth };
-        pve.setup_hypervisor().await;
-        pve
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.sim.api_url(), path.trim_start_matches('/'))
-    }
-
-    async fn send(&self, request: reqwest::RequestBuilder) -> Value {
-        let response = request
-            .header("Authorization", &self.auth)
-            .send()
-            .await
-            .expect("PVE setup request");
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        assert!(
-            status.is_success(),
-            "PVE setup call failed: {status} {body}"
-        );
-        body["data"].clone()
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.post(self.url(path)).json(&body)).await
-    }
-
-    async fn put(&self, path: &str, form: &[(&str, &str)]) -> Value {
-        self.send(self.http.put(self.url(path)).form(form)).await
-    }
-
-    async fn wait_task(&self, upid: &Value) {
-        let upid = upid.as_str().expect("a UPID").to_string();
-        let node = upid.split(':').nth(1).expect("UPID node").to_string();
-        let path = format!("/nodes/{node}/tasks/{upid}/status");
-        let status = wait::until(format!("task {upid}"), DEADLINE, || {
-            let path = path.clone();
-            async move {
-                let status = self.send(self.http.get(self.url(&path))).await;
-                Ok((status["status"] == "stopped").then_some(status))
-            }
-        })
-        .await
-        .expect("task ends");
-        assert_eq!(status["exitstatus"], "OK", "task {upid}");
-    }
-
-    /// `pveum pool add templates`, a template VM 9000 in it, and a role for
-    /// node auditing and one for the seed ISO storage.
-    async fn setup_hypervisor(&self) {
-        self.post(
-            "/pools",
-            json!({ "poolid": "templates", "comment": "VM templates" }),
-        )
-        .await;
-        let created = self
-            .post(
-                &format!("/nodes/{TEMPLATE_NODE}/qemu"),
-                json!({
-                    "vmid": TEMPLATE, "name": "talos-template", "cores": 2, "memory": 2048,
-                    "scsihw": "virtio-scsi-single", "scsi0": "templates:8", "net0": "virtio,bridge=vmbr0",
-                    "agent": 1, "pool": "templates", "tags": "talos",
-                }),
-            )
-            .await;
-        self.wait_task(&created).await;
-        let converted = self
-            .post(
-                &format!("/nodes/{TEMPLATE_NODE}/qemu/{TEMPLATE}/template"),
-                json!({}),
-            )
-            .await;
-        if converted.is_string() {
-            self.wait_task(&converted).await;
-        }
-        self.post(
-            "/access/roles",
-            json!({ "roleid": "TenantryNodeAudit", "privs": "Sys.Audit" }),
-        )
-        .await;
-        self.post(
-            "/access/roles",
-            json!({ "roleid": "TenantrySeedStore", "privs": "Datastore.AllocateTemplate,Datastore.Allocate,Datastore.Audit" }),
-        )
-        .await;
-    }
-
-    /// A tenant as `docs/proxmox.md` makes one: pool `<tenant>` holding the
-    /// tenant's storages, user `<tenant>@pve` and its privilege-separated
-    /// token `capi`, each ACL granted to both. `skip` leaves grants out by path.
-    async fn tenant(&self, tenant: &str, skip: &[&str]) -> ApiToken {
-        let disks = format!("{tenant}-disks");
-        let iso = format!("{tenant}-iso");
-        self.post(
-            "/pools",
-            json!({ "poolid": tenant, "comment": format!("{tenant} workers") }),
-        )
-        .await;
-        self.put(
-            "/pools",
-            &[("poolid", tenant), ("storage", &format!("{disks},{iso}"))],
-        )
-        .await;
-        let user = format!("{tenant}@pve");
-        self.post("/access/users", json!({ "userid": user })).await;
-        let created = self
-            .post(
-                &format!("/access/users/{user}/token/capi"),
-                json!({ "privsep": 1 }),
-            )
-            .await;
-        let token = ApiToken {
-            id: created["full-tokenid"]
-                .as_str()
-                .expect("token id")
-                .to_string(),
-            secret: created["value"].as_str().expect("token secret").to_string(),
-        };
-        let grants = [
-            ("/nodes".to_string(), "TenantryNodeAudit"),
-            (format!("/pool/{tenant}"), "PVEVMAdmin"),
-            ("/pool/templates".to_string(), "PVETemplateUser"),
-            (format!("/storage/{disks}"), "PVEDatastoreUser"),
-            (format!("/storage/{iso}"), "TenantrySeedStore"),
-            ("/sdn/zones/localnetwork/vmbr0".to_string(), "PVESDNUser"),
-        ];
-        for (path, role) in grants
-            .iter()
-            .filter(|(path, _)| !skip.contains(&path.as_str()))
-        {
-            self.grant(path, role, &user, &token.id).await;
-        }
-        token
-    }
-
-    async fn grant(&self, path: &str, role: &str, user: &str, token: &str) {
-        for (kind, id) in [("users", user), ("tokens", token)] {
-            self.put(
-                "/access/acl",
-                &[
-                    ("path", path),
-                    (kind, id),
-                    ("roles", role),
-                    ("propagate", "1"),
-                ],
-            )
-            .await;
-        }
-    }
-
-    /// A PVE client with a tenant's token, as a tenant would hold it.
-    fn client(&self, token: &ApiToken) -> ProxmoxClient {
-        let credentials = Credentials::parse(&token.id, &token.secret).expect("token");
-        let url = ApiUrl::parse(self.sim.url().as_str()).expect("URL");
-        let config = ClientConfig::new(url, credentials).with_tls(TlsVerification::HypervisorCa {
-            pem: self.sim.ca_pem().to_string(),
-        });
-        ProxmoxClient::new(config).expect("client")
-    }
-}
-
-fn http_trusting(ca_pem: &str) -> reqwest::Client {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .expect("HTTP client")
+    ])
 }
 
 /// The guests (not templates) of a snapshot.
@@ -651,19 +431,6 @@ fn talos_worker_config(namespace: &str, name: &str) -> String {
 
 fn machine_token(namespace: &str, name: &str) -> String {
     format!("bootstrap-token-{namespace}-{name}-6f1d2c")
-}
-
-/// A worker of a tenant: cloned from the template into the tenant's pool
-/// and storages, sized, with a grown boot disk and a static address.
-fn worker_spec(tenant: &str) -> Value {
-    json!({
-        "sourceNode": TEMPLATE_NODE, "templateID": TEMPLATE,
-        "pool": tenant, "full": true, "storage": format!("{tenant}-disks"), "isoStorage": format!("{tenant}-iso"),
-        "numSockets": 1, "numCores": 2, "memoryMiB": 2048,
-        "disks": { "bootVolume": { "disk": "scsi0", "sizeGb": 10 } },
-        "description": format!("{tenant} worker"),
-        "network": { "networkDevices": [{ "name": "net0", "bridge": "vmbr0", "model": "virtio" }] },
-    })
 }
 
 fn condition<'a>(machine: &'a ProxmoxMachine, type_: &str) -> Option<&'a Condition> {
