@@ -13,6 +13,10 @@ use crate::kubevirt::{
 use crate::proxmox::{
     ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate,
 };
+use crate::remediation::{
+    KubevirtRemediation, KubevirtRemediationTemplate, ProxmoxRemediation,
+    ProxmoxRemediationTemplate,
+};
 
 /// All of tenantry's CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
@@ -26,6 +30,12 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ProxmoxClusterTemplate::crd(),
         ProxmoxMachine::crd(),
         ProxmoxMachineTemplate::crd(),
+        // CAPI creates remediations from `spec.template` of the template,
+        // which may hold no spec at all.
+        spec_optional(KubevirtRemediation::crd()),
+        KubevirtRemediationTemplate::crd(),
+        spec_optional(ProxmoxRemediation::crd()),
+        ProxmoxRemediationTemplate::crd(),
     ]
 }
 

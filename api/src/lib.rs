@@ -11,3 +11,4 @@ pub mod crds;
 pub mod generated;
 pub mod kubevirt;
 pub mod proxmox;
+pub mod remediation;

@@ -29,6 +29,8 @@ pub async fn run(client: kube::Client, config: ManagerConfig) {
             crate::proxmox::cluster::run(context("proxmoxcluster")),
             crate::proxmox::machine::run(context("proxmoxmachine")),
             crate::proxmox::template::run(context("proxmoxmachinetemplate")),
+            crate::remediation::run_kubevirt(context("kubevirtremediation")),
+            crate::remediation::run_proxmox(context("proxmoxremediation")),
         );
     };
     tokio::select! {

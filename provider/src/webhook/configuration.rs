@@ -53,6 +53,22 @@ pub const VALIDATING_ENDPOINTS: &[ValidatingEndpoint] = &[
         resource: "proxmoxclustertemplates",
         operations: &["UPDATE"],
     },
+    ValidatingEndpoint {
+        name: "validation.kubevirtremediationtemplate.infrastructure.cluster.x-k8s.io",
+        path: "/validate-infrastructure-cluster-x-k8s-io-v1alpha1-kubevirtremediationtemplate",
+        group: "infrastructure.cluster.x-k8s.io",
+        version: "v1alpha1",
+        resource: "kubevirtremediationtemplates",
+        operations: &["UPDATE"],
+    },
+    ValidatingEndpoint {
+        name: "validation.proxmoxremediationtemplate.infrastructure.cluster.x-k8s.io",
+        path: "/validate-infrastructure-cluster-x-k8s-io-v1alpha2-proxmoxremediationtemplate",
+        group: "infrastructure.cluster.x-k8s.io",
+        version: "v1alpha2",
+        resource: "proxmoxremediationtemplates",
+        operations: &["UPDATE"],
+    },
 ];
 
 /// The configuration, each webhook's client config made by `client_config`

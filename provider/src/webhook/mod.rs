@@ -1,6 +1,6 @@
 //! Admission webhooks served by the `tenantry` binary: what CRD schemas and
-//! CEL rules cannot express. Today: infrastructure templates (KubeVirt and
-//! Proxmox) are immutable except for the dry-run requests of CAPI's
+//! CEL rules cannot express. Today: infrastructure and remediation templates
+//! (KubeVirt and Proxmox) are immutable except for the dry-run requests of CAPI's
 //! topology controller.
 
 pub mod configuration;

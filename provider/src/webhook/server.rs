@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::configuration::VALIDATING_ENDPOINTS;
-use super::templates::validate_template_update;
+use super::templates::{IMMUTABLE_TEMPLATE_KINDS, validate_template_update};
 
 /// Where and with which certificate the webhooks are served.
 #[derive(Clone, Debug)]
@@ -114,13 +114,7 @@ async fn validate(
 fn decide(request: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
     let kind = request.kind.kind.as_str();
     match (kind, &request.operation) {
-        (
-            "KubevirtMachineTemplate"
-            | "KubevirtClusterTemplate"
-            | "ProxmoxMachineTemplate"
-            | "ProxmoxClusterTemplate",
-            Operation::Update,
-        ) => {
+        (kind, Operation::Update) if IMMUTABLE_TEMPLATE_KINDS.contains(&kind) => {
             let to_json =
                 |object: &Option<DynamicObject>| serde_json::to_value(object).unwrap_or_default();
             validate_template_update(

@@ -1,11 +1,21 @@
-//! Infrastructure templates are immutable: CAPI stamps machines out of them,
-//! so a changed template must be a new template (which is how a
-//! MachineDeployment rolls). The exception is the server-side-apply dry run
+//! Infrastructure templates are immutable: CAPI stamps machines (and
+//! remediations) out of them, so a changed template must be a new template
+//! (which is how a MachineDeployment rolls). The exception is the server-side-apply dry run
 //! CAPI's topology controller sends with the
 //! `topology.cluster.x-k8s.io/dry-run` annotation to compute diffs.
 
 use serde_json::Value;
 use tenantry_api::contract::TOPOLOGY_DRY_RUN_ANNOTATION;
+
+/// The template kinds whose spec is immutable.
+pub const IMMUTABLE_TEMPLATE_KINDS: &[&str] = &[
+    "KubevirtMachineTemplate",
+    "KubevirtClusterTemplate",
+    "ProxmoxMachineTemplate",
+    "ProxmoxClusterTemplate",
+    "KubevirtRemediationTemplate",
+    "ProxmoxRemediationTemplate",
+];
 
 /// How many changed fields an error message lists.
 const LISTED_CHANGES: usize = 5;
@@ -37,8 +47,18 @@ pub fn validate_template_update(
         fields.push_str(&format!(" and {more} more"));
     }
     Err(format!(
-        "{kind} spec is immutable (changed: {fields}); create a new {kind} and point the MachineDeployment, MachineSet or Cluster at it"
+        "{kind} spec is immutable (changed: {fields}); create a new {kind} and point {} at it",
+        referrers(kind)
     ))
+}
+
+/// What refers to templates of a kind, for the error message.
+fn referrers(kind: &str) -> &'static str {
+    if kind.ends_with("RemediationTemplate") {
+        "the MachineHealthCheck's spec.remediation.templateRef"
+    } else {
+        "the MachineDeployment, MachineSet or Cluster"
+    }
 }
 
 /// The dotted paths where two JSON values differ (list indices in brackets).
@@ -106,6 +126,21 @@ mod tests {
             "{message}"
         );
         assert!(message.starts_with("KubevirtMachineTemplate spec is immutable"));
+    }
+
+    #[test]
+    fn remediation_templates_point_at_the_machine_health_check() {
+        let old =
+            json!({ "spec": { "template": { "spec": { "strategy": { "retryLimit": 1 } } } } });
+        let new =
+            json!({ "spec": { "template": { "spec": { "strategy": { "retryLimit": 3 } } } } });
+        let message =
+            validate_template_update("KubevirtRemediationTemplate", &old, &new, false).unwrap_err();
+        assert!(
+            message.contains("spec.template.spec.strategy.retryLimit")
+                && message.contains("spec.remediation.templateRef"),
+            "{message}"
+        );
     }
 
     #[test]

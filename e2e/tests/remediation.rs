@@ -1,0 +1,1166 @@
+//! Reboot-first remediation end to end: the real kube-apiserver, the real
+//! Cluster API core manager, tenantry's reconcilers in-process and the
+//! KubeVirt/CDI or Proxmox VE simulator. Remediation objects are created
+//! exactly as CAPI's MachineHealthCheck creates them (from `spec.template`
+//! of a remediation template, named after the Machine, owned by it, with
+//! the cluster-name label and cloned-from annotations); what is asserted is
+//! what a user sees: the remediation's status, conditions and events, the
+//! Machine, and what happened in the substrate.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tenantry_api::generated::capi::machine::Machine;
+use tenantry_api::generated::cdi::data_volume::DataVolume;
+use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
+use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
+use tenantry_api::kubevirt::KubevirtMachine;
+use tenantry_api::proxmox::ProxmoxMachine;
+use tenantry_api::remediation::{
+    KubevirtRemediation, ProxmoxRemediation, RemediationPhase, RemediationStatus,
+};
+use tenantry_e2e::sim::kubevirt::{
+    DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
+};
+use tenantry_e2e::sim::proxmox::{
+    ApiToken, NodeSpec, PveSimConfig, PveSimulator, StorageSpec, StorageType,
+};
+use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
+
+const DEADLINE: Duration = Duration::from_secs(180);
+const NAMESPACE: &str = "default";
+const TALOS_VERSION: &str = "v1.13.0";
+const INFRA_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// A finalizer the tests put on a Machine so that, once remediation
+/// deletes it, it stays (with its deletionTimestamp) and so does the
+/// remediation it owns, for the assertions.
+const HOLD_FINALIZER: &str = "test.tenantry.dev/hold";
+
+// ---------------------------------------------------------------- what the MHC does
+
+/// Creates a remediation template of `kind` with the given strategy.
+async fn create_template(
+    client: &kube::Client,
+    namespace: &str,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    strategy: Value,
+) -> Value {
+    let template = json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": { "template": { "spec": { "strategy": strategy } } },
+    });
+    // As created, with the defaults the apiserver filled in.
+    let created = tenantry_e2e::manifests::create_object(client, &template, namespace)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    serde_json::to_value(created).unwrap()
+}
+
+/// Creates the remediation of `machine` from `template` exactly as CAPI's
+/// MachineHealthCheck does (`external.GenerateTemplate`): `spec.template`
+/// of the template, kind without `Template`, named after the Machine in its
+/// namespace, owned by it, labelled with its cluster, annotated with where
+/// it was cloned from.
+async fn create_remediation_as_mhc(client: &kube::Client, template: &Value, machine: &Machine) {
+    let mut object = template["spec"]["template"].clone();
+    let kind = template["kind"].as_str().unwrap();
+    object["apiVersion"] = template["apiVersion"].clone();
+    object["kind"] = json!(kind.trim_end_matches("Template"));
+    object["metadata"] = json!({
+        "name": machine.name_any(),
+        "namespace": machine.namespace().unwrap(),
+        "labels": { "cluster.x-k8s.io/cluster-name": machine.spec.cluster_name },
+        "annotations": {
+            "cluster.x-k8s.io/cloned-from-name": template["metadata"]["name"],
+            "cluster.x-k8s.io/cloned-from-groupkind": format!("{kind}.{INFRA_GROUP}"),
+        },
+        "ownerReferences": [{
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "name": machine.name_any(),
+            "uid": machine.uid().unwrap(),
+        }],
+    });
+    create(client, &machine.namespace().unwrap(), object).await;
+}
+
+async fn create(client: &kube::Client, namespace: &str, document: Value) {
+    tenantry_e2e::manifests::create_object(client, &document, namespace)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Keeps a Machine (and what it owns) around after it is deleted.
+async fn hold(client: &kube::Client, namespace: &str, machine: &str) {
+    Api::<Machine>::namespaced(client.clone(), namespace)
+        .patch(
+            machine,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": [HOLD_FINALIZER] } })),
+        )
+        .await
+        .expect("hold the Machine");
+}
+
+fn remediated(status: &RemediationStatus) -> Option<&Condition> {
+    status
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Remediated")
+}
+
+/// Waits for a remediation status satisfying `predicate`, showing the last
+/// status seen when it does not come.
+async fn wait_status<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    status_of: impl Fn(&K) -> Option<RemediationStatus>,
+    predicate: impl Fn(&RemediationStatus) -> bool,
+) -> RemediationStatus
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let last = Mutex::new(None);
+    wait::until(format!("remediation {name}: {what}"), DEADLINE, || {
+        let (api, last, status_of, predicate) = (api.clone(), &last, &status_of, &predicate);
+        async move {
+            let status = api.get_opt(name).await?.and_then(|r| status_of(&r));
+            *last.lock().unwrap() = status.clone();
+            Ok(status.filter(|s| predicate(s)))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nlast status: {:?}", last.lock().unwrap()))
+}
+
+async fn events_of(client: &kube::Client, namespace: &str, object: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+        .collect()
+}
+
+async fn wait_machine_deleting(client: &kube::Client, namespace: &str, name: &str) -> Machine {
+    let machines: Api<Machine> = Api::namespaced(client.clone(), namespace);
+    wait::until(format!("Machine {name} to be deleted"), DEADLINE, || {
+        let machines = machines.clone();
+        async move {
+            Ok(machines
+                .get_opt(name)
+                .await?
+                .filter(|m| m.metadata.deletion_timestamp.is_some()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+// ---------------------------------------------------------------- KubeVirt
+
+/// A management cluster with CAPI core, the KubeVirt simulator, an image
+/// factory and tenantry, and one provisioned Talos worker.
+struct KubevirtWorld {
+    // Field order is drop order: controllers stop before the control plane.
+    tenantry: TenantryManager,
+    sim: KubevirtSimulator,
+    factory: ImageFactory,
+    capi: ClusterApiManager,
+    control_plane: ControlPlane,
+}
+
+impl KubevirtWorld {
+    async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// With tenantry's admission webhooks served and registered.
+    async fn start_with_webhooks() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(webhooks: bool) -> Self {
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: "management".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start control plane");
+        let client = control_plane.client();
+        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
+            .await
+            .expect("install tenantry CRDs");
+        let capi = ClusterApiManager::start(&control_plane)
+            .await
+            .expect("start Cluster API manager");
+        let sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
+            .await
+            .expect("start KubeVirt simulator");
+        let factory = ImageFactory::start(ImageFactoryConfig {
+            versions: vec![TALOS_VERSION.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("start image factory");
+        let tenantry = if webhooks {
+            TenantryManager::start_with_webhooks(&control_plane)
+                .await
+                .expect("start tenantry with webhooks")
+        } else {
+            TenantryManager::start(client)
+        };
+        Self {
+            tenantry,
+            sim,
+            factory,
+            capi,
+            control_plane,
+        }
+    }
+
+    fn client(&self) -> kube::Client {
+        self.control_plane.client()
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        Api::namespaced(self.client(), NAMESPACE)
+    }
+
+    fn fail(&self, name: &str, error: anyhow::Error) -> ! {
+        panic!(
+            "{error:#}\n---- guest log of {name} ----\n{}\n---- Cluster API manager log ----\n{}",
+            self.sim.guest_log(NAMESPACE, name).join("\n"),
+            self.capi.log_tail(30)
+        )
+    }
+
+    /// A Cluster and a worker Machine whose KubevirtMachine is provisioned
+    /// (its VMI Ready on a Talos disk imported by CDI).
+    async fn provisioned_worker(&self, cluster: &str, name: &str) -> Machine {
+        let client = self.client();
+        create(
+            &client,
+            NAMESPACE,
+            json!({
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KubevirtCluster",
+                "metadata": { "name": cluster }, "spec": {},
+            }),
+        )
+        .await;
+        create(&client, NAMESPACE, json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": { "name": cluster },
+            "spec": {
+                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
+                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "KubevirtCluster", "name": cluster }
+            }
+        }))
+        .await;
+        let bootstrap = format!("{name}-bootstrap");
+        create(&client, NAMESPACE, json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": bootstrap },
+            "stringData": { "value": format!("version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: test-token\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-{cluster}.{NAMESPACE}.svc:6443\n") }
+        }))
+        .await;
+        create(&client, NAMESPACE, json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KubevirtMachine",
+            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": cluster } },
+            "spec": {
+                "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
+                "bootDisk": {
+                    "imageFactoryURL": self.factory.base_url().trim_end_matches('/'),
+                    "schematicID": DEFAULT_SCHEMATIC,
+                    "talosVersion": TALOS_VERSION,
+                    "diskSize": "20Gi",
+                    "storageClass": "replicated"
+                },
+                "virtualMachineTemplate": { "spec": {
+                    "runStrategy": "Always",
+                    "template": { "spec": {
+                        "domain": {
+                            "cpu": { "cores": 2 },
+                            "memory": { "guest": "4Gi" },
+                            "devices": { "interfaces": [{ "name": "default", "bridge": {} }] }
+                        },
+                        "networks": [{ "name": "default", "pod": {} }]
+                    }}
+                }}
+            },
+        }))
+        .await;
+        create(&client, NAMESPACE, json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": cluster } },
+            "spec": {
+                "clusterName": cluster,
+                "bootstrap": { "dataSecretName": bootstrap },
+                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "KubevirtMachine", "name": name }
+            }
+        }))
+        .await;
+        let machines: Api<KubevirtMachine> = self.api();
+        wait::until(
+            format!("KubevirtMachine {name} provisioned"),
+            DEADLINE,
+            || {
+                let machines = machines.clone();
+                async move {
+                    let machine = machines.get_opt(name).await?;
+                    Ok(machine
+                        .filter(|m| {
+                            m.status
+                                .as_ref()
+                                .and_then(|s| s.initialization.as_ref())
+                                .and_then(|i| i.provisioned)
+                                == Some(true)
+                        })
+                        .map(|_| ()))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| self.fail(name, e));
+        // The VMI runs, so a restart is observable.
+        self.wait_vmi(name, |_| true).await;
+        self.api::<Machine>().get(name).await.expect("Machine")
+    }
+
+    /// Waits for a running (not deleting) VMI satisfying `predicate`.
+    async fn wait_vmi(
+        &self,
+        name: &str,
+        predicate: impl Fn(&VirtualMachineInstance) -> bool,
+    ) -> VirtualMachineInstance {
+        let vmis: Api<VirtualMachineInstance> = self.api();
+        wait::until(format!("a running VMI {name}"), DEADLINE, || {
+            let (vmis, predicate) = (vmis.clone(), &predicate);
+            async move {
+                Ok(vmis.get_opt(name).await?.filter(|v| {
+                    v.metadata.deletion_timestamp.is_none()
+                        && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && predicate(v)
+                }))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| self.fail(name, e))
+    }
+
+    async fn template(&self, name: &str, strategy: Value) -> Value {
+        create_template(
+            &self.client(),
+            NAMESPACE,
+            "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "KubevirtRemediationTemplate",
+            name,
+            strategy,
+        )
+        .await
+    }
+
+    /// UIDs of what must survive a restart: the VM, its DataVolumes and PVCs.
+    async fn durable_uids(&self, name: &str) -> Vec<(String, String)> {
+        let mut uids = vec![(
+            format!("VirtualMachine {name}"),
+            self.api::<VirtualMachine>()
+                .get(name)
+                .await
+                .unwrap()
+                .uid()
+                .unwrap(),
+        )];
+        for dv in self
+            .api::<DataVolume>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+        {
+            if dv.name_any().starts_with(name) {
+                uids.push((format!("DataVolume {}", dv.name_any()), dv.uid().unwrap()));
+            }
+        }
+        for pvc in self
+            .api::<PersistentVolumeClaim>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+        {
+            if pvc.name_any().starts_with(name) {
+                uids.push((format!("PVC {}", pvc.name_any()), pvc.uid().unwrap()));
+            }
+        }
+        assert!(
+            uids.iter().any(|(what, _)| what.starts_with("PVC")),
+            "the worker has a PVC: {uids:?}"
+        );
+        uids
+    }
+}
+
+fn kubevirt_status(remediation: &KubevirtRemediation) -> Option<RemediationStatus> {
+    remediation.status.clone()
+}
+
+/// A restart deletes the VMI only: the VM recreates it (new UID) on the
+/// same disks, the VM, DataVolume and PVC keep their UIDs, and the status
+/// says one restart was made and it waits for the Machine; the template
+/// cannot be changed. Deleting the
+/// remediation (as the MachineHealthCheck does once the Machine is
+/// healthy) ends it: the Machine stays.
+#[tokio::test]
+async fn kubevirt_restart_replaces_the_instance_and_keeps_the_vm_and_its_disks() {
+    let world = KubevirtWorld::start_with_webhooks().await;
+    let machine = world.provisioned_worker("demo", "demo-worker-1").await;
+    let before = world
+        .wait_vmi("demo-worker-1", |_| true)
+        .await
+        .uid()
+        .unwrap();
+    let durable = world.durable_uids("demo-worker-1").await;
+
+    let template = world.template("reboot", json!({})).await;
+    // The apiserver filled in the defaults operators read with kubectl.
+    assert_eq!(
+        template["spec"]["template"]["spec"]["strategy"],
+        json!({ "type": "Reboot", "retryLimit": 1, "timeout": "5m" })
+    );
+    // Templates are immutable, like tenantry's other templates.
+    let refused = tenantry_e2e::manifests::apply_object(
+        &world.client(),
+        &json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtRemediationTemplate",
+            "metadata": { "name": "reboot", "namespace": NAMESPACE },
+            "spec": { "template": { "spec": { "strategy": { "retryLimit": 5 } } } },
+        }),
+        NAMESPACE,
+    )
+    .await
+    .expect_err("a changed remediation template is refused");
+    assert!(
+        format!("{refused:#}").contains("spec.remediation.templateRef"),
+        "{refused:#}"
+    );
+    create_remediation_as_mhc(&world.client(), &template, &machine).await;
+
+    let remediations: Api<KubevirtRemediation> = world.api();
+    let status = wait_status(
+        &remediations,
+        "demo-worker-1",
+        "one restart, waiting",
+        kubevirt_status,
+        |s| s.phase == Some(RemediationPhase::Waiting),
+    )
+    .await;
+    assert_eq!(status.retry_count, Some(1));
+    assert!(status.last_remediated.is_some());
+    assert_eq!(
+        status.virtual_machine_instance_uid.as_deref(),
+        Some(before.as_str())
+    );
+    let condition = remediated(&status).expect("Remediated condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "WaitingForNodeHealthy")
+    );
+    assert!(
+        condition.message.contains("demo-worker-1") && condition.message.contains("5m"),
+        "{condition:?}"
+    );
+
+    let after = world
+        .wait_vmi("demo-worker-1", |v| {
+            v.uid().as_deref() != Some(before.as_str())
+        })
+        .await;
+    assert_ne!(after.uid().unwrap(), before, "the VMI was restarted");
+    assert_eq!(
+        world.durable_uids("demo-worker-1").await,
+        durable,
+        "the VM and its disks are the same objects"
+    );
+    let events = events_of(&world.client(), NAMESPACE, "demo-worker-1").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Rebooted")),
+        "{events:?}"
+    );
+
+    // The MachineHealthCheck deletes the remediation once the Machine is
+    // healthy; nothing is left to hold it and the Machine stays.
+    remediations
+        .delete("demo-worker-1", &DeleteParams::default())
+        .await
+        .expect("delete the remediation");
+    wait::until("the remediation to be gone", DEADLINE, || {
+        let remediations = remediations.clone();
+        async move {
+            Ok(remediations
+                .get_opt("demo-worker-1")
+                .await?
+                .is_none()
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let machine = world.api::<Machine>().get("demo-worker-1").await.unwrap();
+    assert!(machine.metadata.deletion_timestamp.is_none());
+    let vmi = world.wait_vmi("demo-worker-1", |_| true).await;
+    assert_eq!(
+        vmi.uid(),
+        after.uid(),
+        "no restart after the remediation went"
+    );
+}
+
+/// With retryLimit 2 and a 3s timeout, and the Machine never reported
+/// healthy, two restarts happen, then the Machine is deleted, and the
+/// remediation says so in its conditions and an Event.
+#[tokio::test]
+async fn kubevirt_machine_is_replaced_after_retries_are_exhausted() {
+    let world = KubevirtWorld::start().await;
+    let client = world.client();
+    let machine = world.provisioned_worker("demo", "demo-worker-2").await;
+    hold(&client, NAMESPACE, "demo-worker-2").await;
+    let first = world
+        .wait_vmi("demo-worker-2", |_| true)
+        .await
+        .uid()
+        .unwrap();
+    let template = world
+        .template("reboot-twice", json!({ "retryLimit": 2, "timeout": "3s" }))
+        .await;
+    create_remediation_as_mhc(&client, &template, &machine).await;
+
+    // Every instance the VM runs meanwhile, to count restarts: sampled on
+    // every poll, at least every 500 ms, while restarts are 3 s apart.
+    let instances = Mutex::new(BTreeSet::from([first]));
+    let last = Mutex::new(None);
+    let remediations: Api<KubevirtRemediation> = world.api();
+    let vmis: Api<VirtualMachineInstance> = world.api();
+    let status = wait::until(
+        "remediation demo-worker-2: retries exhausted, Machine replaced",
+        DEADLINE,
+        || {
+            let (remediations, vmis, instances, last) = (&remediations, &vmis, &instances, &last);
+            async move {
+                if let Some(uid) = vmis.get_opt("demo-worker-2").await?.and_then(|v| v.uid()) {
+                    instances.lock().unwrap().insert(uid);
+                }
+                let status = remediations
+                    .get_opt("demo-worker-2")
+                    .await?
+                    .and_then(|r| r.status);
+                *last.lock().unwrap() = status.clone();
+                Ok(status.filter(|s| s.phase == Some(RemediationPhase::Replacing)))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nlast status: {:?}", last.lock().unwrap()));
+    assert_eq!(status.retry_count, Some(2));
+    let condition = remediated(&status).expect("Remediated condition");
+    assert_eq!(condition.reason, "RetriesExhausted", "{condition:?}");
+    assert!(
+        condition
+            .message
+            .contains("Machine demo-worker-2 did not pass its health check within 3s after 2 restarts; deleted it"),
+        "{condition:?}"
+    );
+    wait_machine_deleting(&client, NAMESPACE, "demo-worker-2").await;
+    let events = events_of(&client, NAMESPACE, "demo-worker-2").await;
+    let deleted = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("MachineDeleted"))
+        .unwrap_or_else(|| panic!("no MachineDeleted event: {events:?}"));
+    assert!(
+        deleted
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("demo-worker-2"),
+        "{deleted:?}"
+    );
+    let seen = instances.lock().unwrap().len();
+    assert!(
+        seen >= 3,
+        "the first instance and one per restart: saw {seen}"
+    );
+}
+
+/// What a manager that crashed mid-restart leaves behind: the attempt
+/// recorded (phase Rebooting, retryCount 1, the instance to delete), the
+/// delete maybe not made. A restarted manager finishes that attempt (the
+/// recorded instance is deleted, the count stays 1) and, when the recorded
+/// instance was already replaced, leaves the new one alone.
+#[tokio::test]
+async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() {
+    let mut world = KubevirtWorld::start().await;
+    let client = world.client();
+    let machine = world.provisioned_worker("demo", "demo-worker-3").await;
+    let first = world
+        .wait_vmi("demo-worker-3", |_| true)
+        .await
+        .uid()
+        .unwrap();
+    let template = world.template("reboot", json!({ "retryLimit": 3 })).await;
+    let remediations: Api<KubevirtRemediation> = world.api();
+
+    // The crash: an attempt recorded for the running instance, no delete.
+    let crashed_after_recording = |instance: &str| {
+        json!({ "status": {
+            "phase": "Rebooting",
+            "retryCount": 1,
+            "lastRemediated": k8s_openapi::jiff::Timestamp::now().to_string(),
+            "virtualMachineInstanceUID": instance,
+        }})
+    };
+    world.tenantry.kill();
+    create_remediation_as_mhc(&client, &template, &machine).await;
+    remediations
+        .patch_status(
+            "demo-worker-3",
+            &PatchParams::default(),
+            &Patch::Merge(crashed_after_recording(&first)),
+        )
+        .await
+        .expect("record the attempt");
+    world.tenantry.restart();
+    let status = wait_status(
+        &remediations,
+        "demo-worker-3",
+        "the recorded restart finished",
+        kubevirt_status,
+        |s| s.phase == Some(RemediationPhase::Waiting),
+    )
+    .await;
+    assert_eq!(
+        status.retry_count,
+        Some(1),
+        "the same attempt, not a new one"
+    );
+    let second = world
+        .wait_vmi("demo-worker-3", |v| {
+            v.uid().as_deref() != Some(first.as_str())
+        })
+        .await
+        .uid()
+        .unwrap();
+
+    // The crash after the delete: the recorded instance is already gone and
+    // replaced. The new instance must survive the restarted manager.
+    remediations
+        .delete("demo-worker-3", &DeleteParams::default())
+        .await
+        .expect("delete the remediation");
+    wait::until("the remediation to be gone", DEADLINE, || {
+        let remediations = remediations.clone();
+        async move {
+            Ok(remediations
+                .get_opt("demo-worker-3")
+                .await?
+                .is_none()
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    world.tenantry.kill();
+    create_remediation_as_mhc(&client, &template, &machine).await;
+    remediations
+        .patch_status(
+            "demo-worker-3",
+            &PatchParams::default(),
+            &Patch::Merge(crashed_after_recording(&first)),
+        )
+        .await
+        .expect("record the attempt");
+    world.tenantry.restart();
+    let status = wait_status(
+        &remediations,
+        "demo-worker-3",
+        "the recorded restart seen through",
+        kubevirt_status,
+        |s| s.phase == Some(RemediationPhase::Waiting),
+    )
+    .await;
+    assert_eq!(status.retry_count, Some(1));
+    let vmi = world.wait_vmi("demo-worker-3", |_| true).await;
+    assert_eq!(
+        vmi.uid().as_deref(),
+        Some(second.as_str()),
+        "the instance that replaced the recorded one was not deleted"
+    );
+    assert!(vmi.metadata.deletion_timestamp.is_none());
+}
+
+// ---------------------------------------------------------------- Proxmox VE
+
+const PVE_API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
+const TEMPLATE: u32 = 9000;
+const TEMPLATE_NODE: &str = "pve1";
+const TENANT: &str = "tenant-a";
+
+/// The PVE simulator and a root client for setting it up, as a platform
+/// operator would with `pveum`/`qm`.
+struct Pve {
+    sim: PveSimulator,
+    http: reqwest::Client,
+    auth: String,
+}
+
+impl Pve {
+    async fn start() -> Self {
+        let mut config = PveSimConfig::for_tests();
+        config.nodes = vec![NodeSpec::new("pve1", 16, 64), NodeSpec::new("pve2", 8, 32)];
+        config.storages = vec![
+            StorageSpec::new("local", StorageType::Dir, &["iso", "vztmpl", "images"]),
+            StorageSpec::new("templates", StorageType::Rbd, &["images"]),
+            StorageSpec::new(format!("{TENANT}-disks"), StorageType::Rbd, &["images"]),
+            StorageSpec::new(format!("{TENANT}-iso"), StorageType::Nfs, &["iso"]),
+        ];
+        let sim = PveSimulator::start(config)
+            .await
+            .expect("start the PVE simulator");
+        let http = http_trusting(sim.ca_pem());
+        let auth = sim.root_token().authorization();
+        Self { sim, http, auth }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.sim.api_url(), path.trim_start_matches('/'))
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Value {
+        let response = request
+            .header("Authorization", &self.auth)
+            .send()
+            .await
+            .expect("PVE setup request");
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        assert!(
+            status.is_success(),
+            "PVE setup call failed: {status} {body}"
+        );
+        body["data"].clone()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.send(self.http.post(self.url(path)).json(&body)).await
+    }
+
+    async fn put(&self, path: &str, form: &[(&str, &str)]) -> Value {
+        self.send(self.http.put(self.url(path)).form(form)).await
+    }
+
+    async fn wait_task(&self, upid: &Value) {
+        let upid = upid.as_str().expect("a UPID").to_string();
+        let node = upid.split(':').nth(1).expect("UPID node").to_string();
+        let path = format!("/nodes/{node}/tasks/{upid}/status");
+        wait::until(format!("task {upid}"), DEADLINE, || {
+            let path = path.clone();
+            async move {
+                let status = self.send(self.http.get(self.url(&path))).await;
+                Ok((status["status"] == "stopped").then_some(()))
+            }
+        })
+        .await
+        .expect("task ends");
+    }
+
+    /// A template VM in a `templates` pool, and a tenant with its pool,
+    /// storages, user and privilege-separated token, granted what
+    /// `docs/proxmox.md` lists.
+    async fn setup(&self) -> ApiToken {
+        self.post("/pools", json!({ "poolid": "templates" })).await;
+        let created = self
+            .post(
+                &format!("/nodes/{TEMPLATE_NODE}/qemu"),
+                json!({
+                    "vmid": TEMPLATE, "name": "talos-template", "cores": 2, "memory": 2048,
+                    "scsihw": "virtio-scsi-single", "scsi0": "templates:8", "net0": "virtio,bridge=vmbr0",
+                    "agent": 1, "pool": "templates", "tags": "talos",
+                }),
+            )
+            .await;
+        self.wait_task(&created).await;
+        let converted = self
+            .post(
+                &format!("/nodes/{TEMPLATE_NODE}/qemu/{TEMPLATE}/template"),
+                json!({}),
+            )
+            .await;
+        if converted.is_string() {
+            self.wait_task(&converted).await;
+        }
+        self.post(
+            "/access/roles",
+            json!({ "roleid": "TenantryNodeAudit", "privs": "Sys.Audit" }),
+        )
+        .await;
+        self.post(
+            "/access/roles",
+            json!({ "roleid": "TenantrySeedStore", "privs": "Datastore.AllocateTemplate,Datastore.Allocate,Datastore.Audit" }),
+        )
+        .await;
+        let (disks, iso) = (format!("{TENANT}-disks"), format!("{TENANT}-iso"));
+        self.post("/pools", json!({ "poolid": TENANT })).await;
+        self.put(
+            "/pools",
+            &[("poolid", TENANT), ("storage", &format!("{disks},{iso}"))],
+        )
+        .await;
+        let user = format!("{TENANT}@pve");
+        self.post("/access/users", json!({ "userid": user })).await;
+        let created = self
+            .post(
+                &format!("/access/users/{user}/token/capi"),
+                json!({ "privsep": 1 }),
+            )
+            .await;
+        let token = ApiToken {
+            id: created["full-tokenid"]
+                .as_str()
+                .expect("token id")
+                .to_string(),
+            secret: created["value"].as_str().expect("token secret").to_string(),
+        };
+        let grants = [
+            ("/nodes".to_string(), "TenantryNodeAudit"),
+            (format!("/pool/{TENANT}"), "PVEVMAdmin"),
+            ("/pool/templates".to_string(), "PVETemplateUser"),
+            (format!("/storage/{disks}"), "PVEDatastoreUser"),
+            (format!("/storage/{iso}"), "TenantrySeedStore"),
+            ("/sdn/zones/localnetwork/vmbr0".to_string(), "PVESDNUser"),
+        ];
+        for (path, role) in &grants {
+            for (kind, id) in [("users", user.as_str()), ("tokens", token.id.as_str())] {
+                self.put(
+                    "/access/acl",
+                    &[
+                        ("path", path),
+                        (kind, id),
+                        ("roles", role),
+                        ("propagate", "1"),
+                    ],
+                )
+                .await;
+            }
+        }
+        token
+    }
+}
+
+fn http_trusting(ca_pem: &str) -> reqwest::Client {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("add CA");
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .expect("HTTP client")
+}
+
+/// A management cluster with CAPI core, the in-cluster IPAM provider, the
+/// PVE simulator and tenantry.
+struct ProxmoxWorld {
+    // Field order is drop order: controllers stop before what they talk to.
+    _tenantry: TenantryManager,
+    pve: Pve,
+    ipam: UpstreamManager,
+    capi: ClusterApiManager,
+    control_plane: ControlPlane,
+}
+
+impl ProxmoxWorld {
+    async fn start() -> Self {
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: "management".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start control plane");
+        let client = control_plane.client();
+        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
+            .await
+            .expect("install tenantry CRDs");
+        let capi = ClusterApiManager::start(&control_plane)
+            .await
+            .expect("start Cluster API manager");
+        let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
+            .await
+            .expect("start the in-cluster IPAM provider");
+        let pve = Pve::start().await;
+        let tenantry = TenantryManager::start(client);
+        Self {
+            _tenantry: tenantry,
+            pve,
+            ipam,
+            capi,
+            control_plane,
+        }
+    }
+
+    fn client(&self) -> kube::Client {
+        self.control_plane.client()
+    }
+
+    fn fail(&self, error: anyhow::Error) -> ! {
+        panic!(
+            "{error:#}\n---- Cluster API manager log ----\n{}\n---- IPAM provider log ----\n{}",
+            self.capi.log_tail(20),
+            self.ipam.log_tail(20)
+        )
+    }
+
+    /// The tenant's namespace, credentials, ProxmoxCluster and Cluster, and
+    /// one worker cloned into the tenant's pool and provisioned.
+    async fn provisioned_worker(&self, name: &str) -> (Machine, ProxmoxMachine) {
+        let token = self.pve.setup().await;
+        let client = self.client();
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": TENANT } })).unwrap(),
+            )
+            .await
+            .expect("create namespace");
+        create(
+            &client,
+            TENANT,
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": "pve-credentials" },
+                "stringData": {
+                    "url": self.pve.sim.url().as_str(),
+                    "token_id": token.id,
+                    "token_secret": token.secret,
+                    "root_ca": self.pve.sim.ca_pem(),
+                }
+            }),
+        )
+        .await;
+        create(&client, TENANT, json!({
+            "apiVersion": PVE_API_VERSION, "kind": "ProxmoxCluster",
+            "metadata": { "name": "demo" },
+            "spec": {
+                "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
+                "ipv4Config": { "addresses": ["10.10.1.10-10.10.1.60"], "prefix": 24, "gateway": "10.10.1.1" },
+                "dnsServers": ["10.10.0.53"],
+                "allowedNodes": ["pve1", "pve2"],
+                "credentialsRef": { "name": "pve-credentials" },
+            }
+        }))
+        .await;
+        create(&client, TENANT, json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": { "name": "demo" },
+            "spec": {
+                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
+                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "ProxmoxCluster", "name": "demo" }
+            }
+        }))
+        .await;
+        let bootstrap = format!("{name}-bootstrap");
+        create(&client, TENANT, json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": bootstrap },
+            "stringData": { "value": format!("version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: t-{name}\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-demo.{TENANT}.svc:6443\n") }
+        }))
+        .await;
+        create(&client, TENANT, json!({
+            "apiVersion": PVE_API_VERSION, "kind": "ProxmoxMachine",
+            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
+            "spec": {
+                "sourceNode": TEMPLATE_NODE, "templateID": TEMPLATE,
+                "pool": TENANT, "full": true, "storage": format!("{TENANT}-disks"), "isoStorage": format!("{TENANT}-iso"),
+                "numSockets": 1, "numCores": 2, "memoryMiB": 2048,
+                "network": { "networkDevices": [{ "name": "net0", "bridge": "vmbr0", "model": "virtio" }] },
+            },
+        }))
+        .await;
+        create(&client, TENANT, json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
+            "spec": {
+                "clusterName": "demo",
+                "bootstrap": { "dataSecretName": bootstrap },
+                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "ProxmoxMachine", "name": name }
+            }
+        }))
+        .await;
+        let machines: Api<ProxmoxMachine> = Api::namespaced(client.clone(), TENANT);
+        let proxmox_machine = wait::until(
+            format!("ProxmoxMachine {name} provisioned"),
+            DEADLINE,
+            || {
+                let machines = machines.clone();
+                async move {
+                    Ok(machines.get_opt(name).await?.filter(|m| {
+                        m.status
+                            .as_ref()
+                            .and_then(|s| s.initialization.as_ref())
+                            .and_then(|i| i.provisioned)
+                            == Some(true)
+                            && m.spec.virtual_machine_id.is_some()
+                    }))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        let machine = Api::<Machine>::namespaced(client, TENANT)
+            .get(name)
+            .await
+            .expect("Machine");
+        (machine, proxmox_machine)
+    }
+}
+
+/// A ProxmoxRemediation resets the VM through the PVE API, with the
+/// tenant's pool-scoped token: the guest boots again (its boot counter
+/// grows by one), the VM keeps its vmid, node and disks. The Machine never
+/// turns healthy, so after the timeout, with retryLimit 1, the Machine is
+/// deleted for replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxmox_reset_reboots_the_vm_in_place_then_replaces_the_machine() {
+    let world = ProxmoxWorld::start().await;
+    let client = world.client();
+    let (machine, proxmox_machine) = world.provisioned_worker("worker-1").await;
+    hold(&client, TENANT, "worker-1").await;
+    let vmid = proxmox_machine.spec.virtual_machine_id.unwrap() as u32;
+    let vm_of = |snapshot: &tenantry_e2e::sim::proxmox::ClusterSnapshot| {
+        snapshot
+            .vms
+            .iter()
+            .find(|vm| vm.vmid == vmid)
+            .cloned()
+            .expect("the machine's VM")
+    };
+    let before = vm_of(&world.pve.sim.snapshot());
+    let disks = |vm: &tenantry_e2e::sim::proxmox::VmSnapshot| {
+        vm.config
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("scsi") || k.starts_with("virtio") || k.starts_with("sata")
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+
+    let template = create_template(
+        &client,
+        TENANT,
+        PVE_API_VERSION,
+        "ProxmoxRemediationTemplate",
+        "reset-once",
+        json!({ "retryLimit": 1, "timeout": "5s" }),
+    )
+    .await;
+    create_remediation_as_mhc(&client, &template, &machine).await;
+
+    let remediations: Api<ProxmoxRemediation> = Api::namespaced(client.clone(), TENANT);
+    let waiting = wait_status(
+        &remediations,
+        "worker-1",
+        "one reset, waiting",
+        |r: &ProxmoxRemediation| r.status.clone(),
+        |s| s.phase == Some(RemediationPhase::Waiting),
+    )
+    .await;
+    assert_eq!(waiting.retry_count, Some(1));
+    // The same VM, on the same node and disks, rebooted once. (Looked at
+    // now: once the Machine is replaced, CAPI deletes the VM.)
+    let after = vm_of(&world.pve.sim.snapshot());
+    assert_eq!(after.node, before.node);
+    assert_eq!(disks(&after), disks(&before), "the same disks");
+    assert_eq!(after.boots, before.boots + 1, "the guest booted once more");
+    let upid = waiting.task_ref.clone().expect("the reset task's UPID");
+    let snapshot = world.pve.sim.snapshot();
+    let task = snapshot
+        .tasks
+        .iter()
+        .find(|t| t.upid == upid)
+        .expect("the reset task on the hypervisor");
+    assert_eq!(task.task_type, "qmreset");
+    assert_eq!(task.id, vmid.to_string());
+    assert!(
+        task.user.starts_with(&format!("{TENANT}@pve!")),
+        "made with the tenant's token: {}",
+        task.user
+    );
+
+    let replacing = wait_status(
+        &remediations,
+        "worker-1",
+        "retries exhausted, Machine replaced",
+        |r: &ProxmoxRemediation| r.status.clone(),
+        |s| s.phase == Some(RemediationPhase::Replacing),
+    )
+    .await;
+    assert_eq!(replacing.retry_count, Some(1), "one reset, no more");
+    let condition = remediated(&replacing).expect("Remediated condition");
+    assert_eq!(condition.reason, "RetriesExhausted", "{condition:?}");
+    assert!(
+        condition.message.contains("Machine worker-1"),
+        "{condition:?}"
+    );
+    wait_machine_deleting(&client, TENANT, "worker-1").await;
+    let events = events_of(&client, TENANT, "worker-1").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("MachineDeleted")),
+        "{events:?}"
+    );
+
+    let resets = world
+        .pve
+        .sim
+        .snapshot()
+        .tasks
+        .iter()
+        .filter(|t| t.task_type == "qmreset" && t.id == vmid.to_string())
+        .count();
+    assert_eq!(resets, 1, "exactly one reset for retryLimit 1");
+}
