@@ -10,6 +10,7 @@
 pub mod cluster_api;
 pub mod clusterctl_template;
 pub mod control_plane;
+pub mod demo;
 pub mod manifests;
 pub mod pki;
 pub mod process;
