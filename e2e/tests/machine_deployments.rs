@@ -18,12 +18,14 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
 use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::kubevirt::{
-    DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
+    DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactory, ImageFactoryConfig, KubevirtSimConfig,
+    KubevirtSimulator,
 };
 use tenantry_e2e::sim::tenant::{
     KamajiControlPlaneSimulator, NodeFault, NodeSimConfig, NodeSimulator, TenantCluster,
@@ -55,7 +57,7 @@ fn capi(kind: &str, plural: &str) -> ApiResource {
 /// Where the workers run.
 enum Substrate {
     Kubevirt {
-        _sim: KubevirtSimulator,
+        sim: KubevirtSimulator,
         factory: ImageFactory,
     },
     Proxmox {
@@ -133,7 +135,7 @@ impl World {
             nodes,
             kamaji,
             _tenantry: tenantry,
-            substrate: Substrate::Kubevirt { _sim: sim, factory },
+            substrate: Substrate::Kubevirt { sim, factory },
             capi,
             control_plane,
             namespace: NAMESPACE.into(),
@@ -170,6 +172,41 @@ impl World {
 
     fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client(), &self.namespace, resource)
+    }
+
+    fn kubevirt(&self) -> &KubevirtSimulator {
+        match &self.substrate {
+            Substrate::Kubevirt { sim, .. } => sim,
+            Substrate::Proxmox { .. } => panic!("the Proxmox world has no KubeVirt"),
+        }
+    }
+
+    /// A MachineHealthCheck of the deployment's workers: the platform's
+    /// default (Ready False or Unknown, at most 50% unhealthy) with short
+    /// timeouts, remediating through `template_ref` when given.
+    async fn create_health_check(&self, template_ref: Option<Value>) {
+        let mut remediation = json!({ "triggerIf": { "unhealthyLessThanOrEqualTo": "50%" } });
+        if let Some(template_ref) = template_ref {
+            remediation["templateRef"] = template_ref;
+        }
+        self.create(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "MachineHealthCheck",
+            "metadata": { "name": DEPLOYMENT },
+            "spec": {
+                "clusterName": CLUSTER,
+                "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
+                "checks": {
+                    "nodeStartupTimeoutSeconds": 600,
+                    "unhealthyNodeConditions": [
+                        { "type": "Ready", "status": "False", "timeoutSeconds": 5 },
+                        { "type": "Ready", "status": "Unknown", "timeoutSeconds": 5 }
+                    ]
+                },
+                "remediation": remediation
+            }
+        }))
+        .await;
     }
 
     fn factory(&self) -> &ImageFactory {
@@ -753,26 +790,7 @@ async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool
     let before = world
         .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
         .await;
-    // The platform's default worker health check, with short timeouts.
-    world
-        .create(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "MachineHealthCheck",
-            "metadata": { "name": DEPLOYMENT },
-            "spec": {
-                "clusterName": CLUSTER,
-                "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
-                "checks": {
-                    "nodeStartupTimeoutSeconds": 600,
-                    "unhealthyNodeConditions": [
-                        { "type": "Ready", "status": "False", "timeoutSeconds": 5 },
-                        { "type": "Ready", "status": "Unknown", "timeoutSeconds": 5 }
-                    ]
-                },
-                "remediation": { "triggerIf": { "unhealthyLessThanOrEqualTo": "50%" } }
-            }
-        }))
-        .await;
+    world.create_health_check(None).await;
     let checks = world.dynamic(&capi("MachineHealthCheck", "machinehealthchecks"));
     let check_counts = |healthy: i64| {
         let checks = checks.clone();
@@ -945,6 +963,220 @@ async fn proxmox_machine_deployment_scales_up_and_down_with_capi() {
     let one = world.scale(&tenant, 1).await;
     assert!(one.machines.is_subset(&five.machines), "{one:?}");
     assert_eq!(five.vms.difference(&one.vms).count(), 4);
+
+    world.delete_cluster_and_check_nothing_is_left().await;
+}
+
+/// The UIDs that tell a restarted VM from a replaced one.
+#[derive(Debug, PartialEq, Eq)]
+struct VmIdentity {
+    vm: String,
+    data_volume: String,
+    pvc: String,
+}
+
+async fn vm_identity(world: &World, name: &str) -> VmIdentity {
+    let uid = |o: DynamicObject| o.metadata.uid.unwrap_or_default();
+    let vm = world
+        .dynamic(&resource(
+            "kubevirt.io",
+            "v1",
+            "VirtualMachine",
+            "virtualmachines",
+        ))
+        .get(name)
+        .await
+        .expect("VM");
+    let disk = vm.data["spec"]["dataVolumeTemplates"][0]["metadata"]["name"]
+        .as_str()
+        .expect("boot disk DataVolume")
+        .to_string();
+    let data_volume = world
+        .dynamic(&resource(
+            "cdi.kubevirt.io",
+            "v1beta1",
+            "DataVolume",
+            "datavolumes",
+        ))
+        .get(&disk)
+        .await
+        .expect("DataVolume");
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(world.client(), &world.namespace)
+        .get(&disk)
+        .await
+        .expect("PVC");
+    VmIdentity {
+        vm: uid(vm),
+        data_volume: uid(data_volume),
+        pvc: pvc.metadata.uid.unwrap_or_default(),
+    }
+}
+
+async fn vmi_uid(world: &World, name: &str) -> Option<String> {
+    world
+        .dynamic(&resource(
+            "kubevirt.io",
+            "v1",
+            "VirtualMachineInstance",
+            "virtualmachineinstances",
+        ))
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|vmi| vmi.metadata.uid)
+}
+
+#[tokio::test]
+async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_fail() {
+    let world = World::start_kubevirt().await;
+    let tenant = world.create_cluster().await;
+    world.create_template("demo-workers-a", TALOS).await;
+    world.create_machine_deployment("demo-workers-a", 3).await;
+    let before = world
+        .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
+        .await;
+    world
+        .create(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtRemediationTemplate",
+            "metadata": { "name": "reboot-first" },
+            "spec": { "template": { "spec": { "strategy": { "type": "Reboot", "retryLimit": 2, "timeout": "15s" } } } }
+        }))
+        .await;
+    world
+        .create_health_check(Some(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtRemediationTemplate",
+            "name": "reboot-first",
+        })))
+        .await;
+    let remediations = world.dynamic(&resource(
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha1",
+        "KubevirtRemediation",
+        "kubevirtremediations",
+    ));
+    let mut names = before.machines.iter();
+
+    // A kubelet that a reboot fixes: one restart, same VM and disk.
+    let wedged = names.next().expect("a worker").clone();
+    let identity = vm_identity(&world, &wedged).await;
+    let first_boot = vmi_uid(&world, &wedged).await.expect("a running VMI");
+    world
+        .nodes
+        .inject_fault(&wedged, NodeFault::NotReadyUntilReboot);
+    let remediation = wait::until(
+        format!("a KubevirtRemediation for {wedged} to restart it"),
+        DEADLINE,
+        || {
+            let remediations = remediations.clone();
+            let wedged = wedged.clone();
+            async move {
+                let remediation = remediations.get_opt(&wedged).await?;
+                Ok(remediation.filter(|r| r.data["status"]["retryCount"] == 1))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    assert_eq!(
+        remediation.data["spec"]["strategy"]["retryLimit"], 2,
+        "cloned from the template"
+    );
+    wait::until(
+        format!("{wedged} to be healthy and its remediation done"),
+        DEADLINE,
+        || {
+            let remediations = remediations.clone();
+            let wedged = wedged.clone();
+            let nodes = &world.nodes;
+            async move {
+                let gone = remediations.get_opt(&wedged).await?.is_none();
+                Ok((gone && !nodes.faults().contains_key(&wedged)).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let rebooted = world
+        .wait_fleet(&tenant, "the same 3 workers".into(), |f| {
+            f.machines.len() == 3
+        })
+        .await;
+    assert_eq!(rebooted.machines, before.machines, "nothing was replaced");
+    assert_eq!(
+        vm_identity(&world, &wedged).await,
+        identity,
+        "same VM, same disk"
+    );
+    assert_ne!(
+        vmi_uid(&world, &wedged).await.as_deref(),
+        Some(first_boot.as_str()),
+        "the VM was restarted"
+    );
+
+    // A guest that hangs at every boot: two restarts, then CAPI replaces it.
+    let hung = names.next().expect("a second worker").clone();
+    world.kubevirt().faults().inject(
+        FaultTarget::named(&world.namespace, &hung),
+        Fault::HungGuest,
+    );
+    let boots = std::sync::Mutex::new(BTreeSet::new());
+    let given_up = wait::until(
+        format!("remediation of {hung} to give up after its retries"),
+        DEADLINE,
+        || {
+            let remediations = remediations.clone();
+            let hung = hung.clone();
+            let boots = &boots;
+            let world = &world;
+            async move {
+                if let Some(uid) = vmi_uid(world, &hung).await {
+                    boots.lock().expect("boots").insert(uid);
+                }
+                let remediation = remediations.get_opt(&hung).await?;
+                Ok(remediation.filter(|r| {
+                    r.data["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Remediated" && c["reason"] == "RetriesExhausted")
+                }))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    assert_eq!(
+        given_up.data["status"]["retryCount"], 2,
+        "{}",
+        given_up.data["status"]
+    );
+    assert_eq!(given_up.data["status"]["phase"], "Replacing");
+    let boots = boots.into_inner().expect("boots");
+    assert!(
+        boots.len() >= 3,
+        "booted three times before giving up: {boots:?}"
+    );
+    let replaced = world
+        .wait_fleet(&tenant, format!("{hung} to be replaced"), |f| {
+            f.machines.len() == 3 && !f.machines.contains(&hung)
+        })
+        .await;
+    assert!(replaced.machines.contains(&wedged));
+    assert!(!replaced.vms.contains(&hung), "its VM is gone");
+    let events = Api::<Event>::namespaced(world.client(), &world.namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    assert!(
+        events.items.iter().any(|e| {
+            e.reason.as_deref() == Some("MachineDeleted")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(hung.as_str())
+        }),
+        "an event says the Machine was handed over for replacement"
+    );
 
     world.delete_cluster_and_check_nothing_is_left().await;
 }
