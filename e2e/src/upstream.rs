@@ -80,6 +80,25 @@ impl Upstream {
         self.config("ipam-in-cluster")
     }
 
+    /// The folder holding cert-manager's CRDs (`crd/`), of the cert-manager
+    /// version the pinned clusterctl installs by default.
+    pub fn cert_manager_config(&self) -> anyhow::Result<PathBuf> {
+        self.config("cert-manager")
+    }
+
+    /// Cluster API's clusterctl release artifacts (`core-components.yaml`,
+    /// `metadata.yaml`), rendered from the pinned module by `build.sh`.
+    pub fn cluster_api_release(&self) -> anyhow::Result<PathBuf> {
+        let path = self.root.join("cluster-api-release");
+        if !path.join("core-components.yaml").is_file() {
+            bail!(
+                "Cluster API release artifacts not found at {}: run hack/upstream/build.sh first",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
     fn config(&self, name: &str) -> anyhow::Result<PathBuf> {
         let path = self.root.join(name);
         if !path.join("crd").is_dir() {

@@ -25,10 +25,10 @@ use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
 use tenantry_api::generated::capi::machine::Machine;
 use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate};
+use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::proxmox::{
     ApiToken, ClusterSnapshot, DropMode, PveSimConfig, RequestMatch, Trigger, VmPower, VmSnapshot,
 };
-use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::tenantry::TenantryManager;
 use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
 use tenantry_provider::proxmox::client::ProxmoxError;

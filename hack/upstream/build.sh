@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds the upstream Go programs tenantry's tests run for real (kube-apiserver,
 # kube-controller-manager, kubectl, etcd, the Cluster API core manager,
-# clusterctl, the in-cluster IPAM provider) from the pinned
+# clusterctl, the in-cluster IPAM provider, kustomize) from the pinned
 # wrapper modules next to this script, into a cache outside the work tree.
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
 # $TENANTRY_CACHE/upstream/bin/<name> is a symlink to the version this checkout
 # pins. Binaries already present are not rebuilt, so a warm run is a no-op.
 # The Cluster API CRDs and webhook manifests, which ship inside its Go module,
-# are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook}.
+# are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook}, and its
+# clusterctl release artifacts (core-components.yaml, metadata.yaml) are
+# rendered with kustomize into $TENANTRY_CACHE/upstream/cluster-api-release;
+# cert-manager's CRDs go to $TENANTRY_CACHE/upstream/cert-manager/crd.
 #
 # Usage: hack/upstream/build.sh [name ...]     (default: everything)
 set -euo pipefail
@@ -116,6 +119,60 @@ main() {
 			mv "$capi_config.partial" "$capi_config"
 		fi
 		ln -sfn "cluster-api-$capi_version/config" "$cache/cluster-api"
+	fi
+
+	# --- kustomize, and Cluster API's clusterctl release artifacts ------------
+	kustomize_version="$(version_of kustomize sigs.k8s.io/kustomize/kustomize/v5)"
+	if sel kustomize || sel clusterctl; then
+		build kustomize kustomize sigs.k8s.io/kustomize/kustomize/v5 "$kustomize_version"
+	fi
+	if sel clusterctl; then
+		# What Cluster API's `make release-manifests` does for the core provider:
+		# `manifest-modification` points the image patch at the production
+		# registry with the release tag and the pull policy at IfNotPresent, then
+		# `kustomize build core/config/default` > core-components.yaml, and the
+		# module's metadata.yaml is copied next to it. clusterctl tests install
+		# the core provider from these files through a local repository.
+		capi_release="$cache/cluster-api-$capi_version/release"
+		if [[ ! -f "$capi_release/core-components.yaml" ]]; then
+			echo "==> rendering Cluster API $capi_version core-components.yaml"
+			capi_dir="$(module_dir cluster-api sigs.k8s.io/cluster-api)"
+			work="$(mktemp -d)"
+			cp -r "$capi_dir/core" "$work/core"
+			chmod -R u+w "$work"
+			sed -i -e "s@image: .*@image: registry.k8s.io/cluster-api/cluster-api-controller:$capi_version@" \
+				"$work/core/config/default/manager_image_patch.yaml"
+			sed -i -e 's@imagePullPolicy: .*@imagePullPolicy: IfNotPresent@' \
+				"$work/core/config/default/manager_pull_policy.yaml"
+			rm -rf "$capi_release.partial"
+			mkdir -p "$capi_release.partial"
+			"$cache/bin/kustomize" build "$work/core/config/default" >"$capi_release.partial/core-components.yaml"
+			cp "$capi_dir/metadata.yaml" "$capi_release.partial/metadata.yaml"
+			chmod -R u+w "$capi_release.partial"
+			rm -rf "$work"
+			mv "$capi_release.partial" "$capi_release"
+		fi
+		ln -sfn "cluster-api-$capi_version/release" "$cache/cluster-api-release"
+	fi
+
+	# --- cert-manager CRDs ------------------------------------------------------
+	# Nothing runs pods in the harness, so cert-manager itself cannot run; its
+	# CRDs let `clusterctl init` find the cert-manager API it checks for (see
+	# e2e/src/clusterctl.rs and docs/install.md).
+	certmanager_module=github.com/cert-manager/cert-manager
+	certmanager_version="$(version_of cert-manager "$certmanager_module")"
+	if sel clusterctl; then
+		certmanager_config="$cache/cert-manager-$certmanager_version/config"
+		if [[ ! -d "$certmanager_config" ]]; then
+			certmanager_dir="$(module_dir cert-manager "$certmanager_module")"
+			rm -rf "$certmanager_config.partial"
+			mkdir -p "$certmanager_config.partial"
+			cp -r "$certmanager_dir/deploy/crds" "$certmanager_config.partial/crd"
+			rm -f "$certmanager_config.partial/crd/README.md"
+			chmod -R u+w "$certmanager_config.partial"
+			mv "$certmanager_config.partial" "$certmanager_config"
+		fi
+		ln -sfn "cert-manager-$certmanager_version/config" "$cache/cert-manager"
 	fi
 
 	# --- Cluster API in-cluster IPAM provider ----------------------------------

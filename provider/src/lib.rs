@@ -5,6 +5,7 @@
 //! See `docs/architecture.md`.
 
 pub mod capi;
+pub mod components;
 pub mod kubevirt;
 pub mod manager;
 pub mod proxmox;

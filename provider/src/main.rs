@@ -33,15 +33,23 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Print clusterctl's `infrastructure-components.yaml`, or write it and
+    /// `metadata.yaml` into a folder (see hack/release.sh).
+    Components {
+        /// Folder to write `infrastructure-components.yaml` and `metadata.yaml` into.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// Flags of `tenantry run`, named as Cluster API providers name them.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// Watch only this namespace; all namespaces when unset.
+    /// Watch only this namespace; all namespaces when unset or empty.
     #[arg(long, env = "TENANTRY_NAMESPACE")]
     namespace: Option<String>,
-    /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=<value>.
+    /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=<value>;
+    /// all objects when unset or empty.
     #[arg(long)]
     watch_filter: Option<String>,
     /// Address of the admission webhook server.
@@ -64,6 +72,7 @@ fn main() -> anyhow::Result<()> {
     match args.command {
         Command::Run(run) => tokio::runtime::Runtime::new()?.block_on(run_manager(run)),
         Command::Crds { out } => write_crds(out),
+        Command::Components { out } => write_components(out),
     }
 }
 
@@ -77,8 +86,10 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         .context("read the apiserver version")?;
     tracing::info!(apiserver = %version.git_version, "connected");
     let config = ManagerConfig {
-        namespace: args.namespace,
-        watch_filter: args.watch_filter,
+        // The release manifests pass `--namespace=` and `--watch-filter=` when
+        // their clusterctl variables are left empty.
+        namespace: args.namespace.filter(|n| !n.is_empty()),
+        watch_filter: args.watch_filter.filter(|f| !f.is_empty()),
         instance: std::env::var("POD_NAME").ok(),
         webhook: (!args.no_webhooks).then_some(WebhookConfig {
             bind: args.webhook_bind,
@@ -111,6 +122,27 @@ fn write_crds(out: Option<PathBuf>) -> anyhow::Result<()> {
                 let path = dir.join(name);
                 std::fs::create_dir_all(dir)?;
                 std::fs::write(&path, yaml).with_context(|| format!("write {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_components(out: Option<PathBuf>) -> anyhow::Result<()> {
+    use tenantry_provider::components;
+    match out {
+        None => print!("{}", components::infrastructure_components_yaml()),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)?;
+            for (name, text) in [
+                (
+                    "infrastructure-components.yaml",
+                    components::infrastructure_components_yaml(),
+                ),
+                ("metadata.yaml", components::metadata_yaml()),
+            ] {
+                let path = dir.join(name);
+                std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
             }
         }
     }

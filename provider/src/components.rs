@@ -1,0 +1,547 @@
+//! The clusterctl release artifacts of the infrastructure provider
+//! `tenantry`: `infrastructure-components.yaml` (everything
+//! `clusterctl init --infrastructure tenantry` installs) and `metadata.yaml`.
+//!
+//! They are rendered from the code they deploy — the CRDs from
+//! `tenantry_api::crds::all()`, the webhook configuration from
+//! `webhook::configuration`, the flags from `tenantry run` — so the manifests
+//! cannot drift from the manager. `config/release/` holds the rendered files
+//! and a test keeps them in step (`tenantry components --out config/release`).
+//!
+//! The RBAC below is what the controllers do, audited from every `Api` they
+//! build: each rule names the code that needs it. Add the rule when a
+//! controller starts touching a new kind.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::admissionregistration::v1::{ServiceReference, WebhookClientConfig};
+use serde_json::{Value, json};
+
+use crate::webhook::configuration::validating_configuration;
+
+/// The provider's name for clusterctl (`--infrastructure tenantry`).
+pub const PROVIDER_NAME: &str = "tenantry";
+/// The `cluster.x-k8s.io/provider` label value clusterctl expects
+/// (`<type>-<name>`).
+pub const PROVIDER_LABEL: &str = "infrastructure-tenantry";
+/// The one namespace of the components.
+pub const NAMESPACE: &str = "tenantry-system";
+/// The release version clusterctl sees (`v` + the crate version).
+pub const RELEASE_VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
+/// The Cluster API contract this release implements.
+pub const CONTRACT: &str = "v1beta2";
+/// The default image; `TENANTRY_IMAGE` overrides it at `clusterctl init`.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/tenantry/tenantry:v", env!("CARGO_PKG_VERSION"));
+
+/// The manager Deployment and its container.
+pub const DEPLOYMENT_NAME: &str = "tenantry-controller-manager";
+pub const CONTAINER_NAME: &str = "manager";
+const SERVICE_ACCOUNT: &str = "tenantry-manager";
+const MANAGER_ROLE: &str = "tenantry-manager-role";
+const CAPI_AGGREGATED_ROLE: &str = "tenantry-aggregated-capi-manager-role";
+const WEBHOOK_SERVICE: &str = "tenantry-webhook-service";
+const WEBHOOK_SECRET: &str = "tenantry-webhook-server-cert";
+const ISSUER: &str = "tenantry-selfsigned-issuer";
+const CERTIFICATE: &str = "tenantry-serving-cert";
+const WEBHOOK_PORT: u16 = 9443;
+const HEALTH_PORT: u16 = 9440;
+const CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
+const INFRASTRUCTURE_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+
+/// A clusterctl variable of the components, with its default.
+pub struct Variable {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+/// Every variable `infrastructure-components.yaml` reads; all have defaults.
+pub const VARIABLES: &[Variable] = &[
+    Variable {
+        name: "TENANTRY_IMAGE",
+        default: DEFAULT_IMAGE,
+        meaning: "the manager's container image",
+    },
+    Variable {
+        name: "TENANTRY_WATCH_NAMESPACE",
+        default: "",
+        meaning: "watch only this namespace (`--namespace`); empty: all namespaces",
+    },
+    Variable {
+        name: "TENANTRY_WATCH_FILTER",
+        default: "",
+        meaning: "reconcile only objects labelled `cluster.x-k8s.io/watch-filter=<value>` (`--watch-filter`); empty: all",
+    },
+    Variable {
+        name: "TENANTRY_LOG_FORMAT",
+        default: "json",
+        meaning: "`json` or `text`",
+    },
+];
+
+/// `${NAME:=default}`, as clusterctl (drone/envsubst) reads it. clusterctl
+/// counts an empty default as no default (the variable becomes required),
+/// so an empty default is written `""`, which clusterctl substitutes
+/// literally: it must stand alone as a YAML value, where it reads as "".
+fn variable(name: &str) -> String {
+    let v = VARIABLES
+        .iter()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("undeclared variable {name}"));
+    let default = if v.default.is_empty() {
+        "\"\""
+    } else {
+        v.default
+    };
+    format!("${{{}:={default}}}", v.name)
+}
+
+/// `infrastructure-components.yaml`: the documents in install order.
+pub fn infrastructure_components() -> Vec<Value> {
+    let mut documents = vec![namespace()];
+    for crd in tenantry_api::crds::all() {
+        documents.push(serde_json::to_value(crd).expect("CRD serializes"));
+    }
+    documents.extend([
+        service_account(),
+        manager_role(),
+        manager_role_binding(),
+        capi_aggregated_role(),
+        webhook_service(),
+        issuer(),
+        certificate(),
+        deployment(),
+        validating_webhook_configuration(),
+    ]);
+    documents
+}
+
+/// `infrastructure-components.yaml` as text.
+pub fn infrastructure_components_yaml() -> String {
+    to_yaml(&infrastructure_components())
+}
+
+/// `metadata.yaml`: this release series and the contract it implements.
+pub fn metadata_yaml() -> String {
+    let mut version = env!("CARGO_PKG_VERSION").split('.');
+    let major: u32 = version.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let minor: u32 = version.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let metadata = json!({
+        "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
+        "kind": "Metadata",
+        "releaseSeries": [{ "major": major, "minor": minor, "contract": CONTRACT }],
+    });
+    to_yaml(&[metadata])
+}
+
+fn to_yaml(documents: &[Value]) -> String {
+    documents
+        .iter()
+        .map(|d| format!("---\n{}", serde_norway::to_string(d).expect("YAML")))
+        .collect()
+}
+
+fn labels() -> Value {
+    json!({ "cluster.x-k8s.io/provider": PROVIDER_LABEL })
+}
+
+fn namespace() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": { "name": NAMESPACE, "labels": labels() },
+    })
+}
+
+fn service_account() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": { "name": SERVICE_ACCOUNT, "namespace": NAMESPACE, "labels": labels() },
+    })
+}
+
+/// Plurals of every kind tenantry serves in the infrastructure group.
+fn own_resources() -> Vec<String> {
+    let plurals: BTreeSet<String> = tenantry_api::crds::all()
+        .into_iter()
+        .filter(|crd| crd.spec.group == INFRASTRUCTURE_GROUP)
+        .map(|crd| crd.spec.names.plural)
+        .collect();
+    plurals.into_iter().collect()
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+    json!({ "apiGroups": groups, "resources": resources, "verbs": verbs })
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+
+fn manager_role() -> Value {
+    let own = own_resources();
+    let own: Vec<&str> = own.iter().map(String::as_str).collect();
+    let status: Vec<String> = own.iter().map(|p| format!("{p}/status")).collect();
+    let finalizers: Vec<String> = own.iter().map(|p| format!("{p}/finalizers")).collect();
+    let status: Vec<&str> = status.iter().map(String::as_str).collect();
+    let finalizers: Vec<&str> = finalizers.iter().map(String::as_str).collect();
+    let rules = vec![
+        // Every reconciler: its kinds, their status (server-side apply) and
+        // finalizers (kube::runtime::finalizer).
+        rule(&[INFRASTRUCTURE_GROUP], &own, WRITE),
+        rule(
+            &[INFRASTRUCTURE_GROUP],
+            &status,
+            &["get", "patch", "update"],
+        ),
+        rule(&[INFRASTRUCTURE_GROUP], &finalizers, &["update"]),
+        // capi/owner.rs reads the owner Machine and Cluster; the controllers
+        // watch both. Remediation annotates and deletes the Machine it
+        // remediates.
+        rule(&["cluster.x-k8s.io"], &["clusters"], READ),
+        rule(
+            &["cluster.x-k8s.io"],
+            &["machines"],
+            &["get", "list", "watch", "patch", "delete"],
+        ),
+        // proxmox/cluster: the MachineDeployments naming the cluster's templates.
+        rule(&["cluster.x-k8s.io"], &["machinedeployments"], READ),
+        // Bootstrap data, Proxmox credentials, infrastructure kubeconfigs (read);
+        // the cluster SSH key pair and VM user data (written, deleted).
+        rule(&[""], &["secrets"], WRITE),
+        // kubevirt/cluster: the control-plane Service `<cluster>-lb`.
+        rule(&[""], &["services"], WRITE),
+        // runtime.rs: kube's event Recorder (events.k8s.io; core for older readers).
+        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        // kubevirt/machine: VMs created and deleted, VMIs read and waited on,
+        // DataVolumes listed and deleted.
+        rule(&["kubevirt.io"], &["virtualmachines"], WRITE),
+        rule(
+            &["kubevirt.io"],
+            &["virtualmachineinstances"],
+            &["get", "list", "watch", "delete"],
+        ),
+        rule(
+            &["cdi.kubevirt.io"],
+            &["datavolumes"],
+            &["get", "list", "watch", "delete"],
+        ),
+        // proxmox: IP pools per cluster, claims per machine, the addresses
+        // the IPAM provider allocates.
+        rule(
+            &["ipam.cluster.x-k8s.io"],
+            &["inclusterippools", "ipaddressclaims"],
+            WRITE,
+        ),
+        rule(&["ipam.cluster.x-k8s.io"], &["ipaddresses"], READ),
+    ];
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": { "name": MANAGER_ROLE, "labels": labels() },
+        "rules": rules,
+    })
+}
+
+fn manager_role_binding() -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": { "name": "tenantry-manager-rolebinding", "labels": labels() },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": MANAGER_ROLE,
+        },
+        "subjects": [{ "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }],
+    })
+}
+
+/// Aggregated into CAPI core's manager role (`capi-aggregated-manager-role`
+/// selects `cluster.x-k8s.io/aggregate-to-manager: "true"`): CAPI reads our
+/// infrastructure objects, clones templates, sets owner references and
+/// deletes infrastructure machines.
+fn capi_aggregated_role() -> Value {
+    let own = own_resources();
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": CAPI_AGGREGATED_ROLE,
+            "labels": {
+                "cluster.x-k8s.io/provider": PROVIDER_LABEL,
+                "cluster.x-k8s.io/aggregate-to-manager": "true",
+            },
+        },
+        "rules": [rule(
+            &[INFRASTRUCTURE_GROUP],
+            &own.iter().map(String::as_str).collect::<Vec<_>>(),
+            WRITE,
+        )],
+    })
+}
+
+fn webhook_service() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": WEBHOOK_SERVICE, "namespace": NAMESPACE, "labels": labels() },
+        "spec": {
+            "ports": [{ "port": 443, "targetPort": "webhook-server" }],
+            "selector": selector(),
+        },
+    })
+}
+
+fn selector() -> Value {
+    json!({
+        "cluster.x-k8s.io/provider": PROVIDER_LABEL,
+        "control-plane": "controller-manager",
+    })
+}
+
+fn issuer() -> Value {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Issuer",
+        "metadata": { "name": ISSUER, "namespace": NAMESPACE, "labels": labels() },
+        "spec": { "selfSigned": {} },
+    })
+}
+
+/// The webhook serving certificate. clusterctl rewrites the namespace in
+/// `dnsNames` when installing into another namespace, so the names follow
+/// its `<service>.<namespace>.svc` pattern.
+fn certificate() -> Value {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": { "name": CERTIFICATE, "namespace": NAMESPACE, "labels": labels() },
+        "spec": {
+            "dnsNames": [
+                format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc"),
+                format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc.cluster.local"),
+            ],
+            "issuerRef": { "kind": "Issuer", "name": ISSUER },
+            "secretName": WEBHOOK_SECRET,
+        },
+    })
+}
+
+/// One replica: the manager has no leader election yet, and two replicas
+/// would reconcile the same objects.
+fn deployment() -> Value {
+    // The two optional flags take their values from the environment
+    // (`$(VAR)` is expanded by the kubelet), where an empty default can
+    // stand alone as a YAML value; `tenantry run` reads empty as unset.
+    let args = vec![
+        "run".to_string(),
+        "--namespace=$(TENANTRY_WATCH_NAMESPACE)".to_string(),
+        "--watch-filter=$(TENANTRY_WATCH_FILTER)".to_string(),
+        format!("--webhook-bind=0.0.0.0:{WEBHOOK_PORT}"),
+        format!("--webhook-cert-dir={CERT_DIR}"),
+        format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
+    ];
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": DEPLOYMENT_NAME,
+            "namespace": NAMESPACE,
+            "labels": selector(),
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": { "matchLabels": selector() },
+            "template": {
+                "metadata": { "labels": selector() },
+                "spec": {
+                    "serviceAccountName": SERVICE_ACCOUNT,
+                    "terminationGracePeriodSeconds": 10,
+                    "securityContext": {
+                        "runAsNonRoot": true,
+                        "seccompProfile": { "type": "RuntimeDefault" },
+                    },
+                    "containers": [{
+                        "name": CONTAINER_NAME,
+                        "image": variable("TENANTRY_IMAGE"),
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": args,
+                        "env": [
+                            { "name": "TENANTRY_WATCH_NAMESPACE", "value": variable("TENANTRY_WATCH_NAMESPACE") },
+                            { "name": "TENANTRY_WATCH_FILTER", "value": variable("TENANTRY_WATCH_FILTER") },
+                            { "name": "TENANTRY_LOG_FORMAT", "value": variable("TENANTRY_LOG_FORMAT") },
+                            { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+                            { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
+                        ],
+                        "ports": [
+                            { "name": "webhook-server", "containerPort": WEBHOOK_PORT, "protocol": "TCP" },
+                            { "name": "healthz", "containerPort": HEALTH_PORT, "protocol": "TCP" },
+                        ],
+                        "livenessProbe": { "httpGet": { "path": "/healthz", "port": "healthz" } },
+                        "readinessProbe": { "httpGet": { "path": "/readyz", "port": "healthz" } },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "capabilities": { "drop": ["ALL"] },
+                            "privileged": false,
+                            "runAsUser": 65532,
+                            "runAsGroup": 65532,
+                        },
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "volumeMounts": [{ "name": "cert", "mountPath": CERT_DIR, "readOnly": true }],
+                    }],
+                    "volumes": [{
+                        "name": "cert",
+                        "secret": { "secretName": WEBHOOK_SECRET },
+                    }],
+                    "tolerations": [
+                        { "effect": "NoSchedule", "key": "node-role.kubernetes.io/master" },
+                        { "effect": "NoSchedule", "key": "node-role.kubernetes.io/control-plane" },
+                    ],
+                },
+            },
+        },
+    })
+}
+
+/// The webhooks of `webhook::configuration`, reached through the Service;
+/// cert-manager's CA injector fills in `caBundle` from the Certificate.
+fn validating_webhook_configuration() -> Value {
+    let configuration = validating_configuration(|path| WebhookClientConfig {
+        service: Some(ServiceReference {
+            name: WEBHOOK_SERVICE.into(),
+            namespace: NAMESPACE.into(),
+            path: Some(path.into()),
+            port: Some(443),
+        }),
+        ..Default::default()
+    });
+    let mut value = serde_json::to_value(configuration).expect("webhook configuration");
+    value["apiVersion"] = json!("admissionregistration.k8s.io/v1");
+    value["kind"] = json!("ValidatingWebhookConfiguration");
+    value["metadata"]["labels"] = labels();
+    value["metadata"]["annotations"] =
+        json!({ "cert-manager.io/inject-ca-from": format!("{NAMESPACE}/{CERTIFICATE}") });
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(documents: &[Value]) -> Vec<&str> {
+        documents
+            .iter()
+            .map(|d| d["kind"].as_str().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn components_have_exactly_one_namespace_and_everything_namespaced_is_in_it() {
+        let documents = infrastructure_components();
+        assert_eq!(
+            kinds(&documents)
+                .iter()
+                .filter(|k| **k == "Namespace")
+                .count(),
+            1
+        );
+        for document in &documents {
+            if let Some(namespace) = document["metadata"]["namespace"].as_str() {
+                assert_eq!(namespace, NAMESPACE, "{}", document["metadata"]["name"]);
+            }
+        }
+    }
+
+    #[test]
+    fn components_carry_no_secret() {
+        // Credentials live in per-tenant Secrets, never in release manifests.
+        assert!(!kinds(&infrastructure_components()).contains(&"Secret"));
+    }
+
+    #[test]
+    fn every_component_carries_the_provider_label() {
+        for document in infrastructure_components() {
+            assert_eq!(
+                document["metadata"]["labels"]["cluster.x-k8s.io/provider"], PROVIDER_LABEL,
+                "{} {}",
+                document["kind"], document["metadata"]["name"]
+            );
+        }
+    }
+
+    #[test]
+    fn every_variable_has_a_default_and_every_declared_variable_is_used() {
+        let yaml = infrastructure_components_yaml();
+        let used: BTreeSet<&str> = yaml
+            .match_indices("${")
+            .map(|(start, _)| {
+                let rest = &yaml[start + 2..];
+                let end = rest.find('}').expect("closed variable");
+                &rest[..end]
+            })
+            .collect();
+        for expression in &used {
+            assert!(expression.contains(":="), "{expression} has no default");
+        }
+        for v in VARIABLES {
+            assert!(
+                used.iter().any(|e| e.starts_with(&format!("{}:=", v.name))),
+                "{} unused",
+                v.name
+            );
+        }
+    }
+
+    #[test]
+    fn manager_may_write_status_and_finalizers_of_every_own_kind() {
+        let role = manager_role();
+        let rules = role["rules"].as_array().expect("rules");
+        for plural in own_resources() {
+            for (resource, verb) in [
+                (plural.clone(), "patch"),
+                (format!("{plural}/status"), "patch"),
+                (format!("{plural}/finalizers"), "update"),
+            ] {
+                assert!(
+                    rules.iter().any(|r| {
+                        r["resources"]
+                            .as_array()
+                            .unwrap()
+                            .contains(&json!(resource))
+                            && r["verbs"].as_array().unwrap().contains(&json!(verb))
+                    }),
+                    "no {verb} on {resource}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn webhooks_reach_the_service_and_take_their_ca_from_the_certificate() {
+        let configuration = validating_webhook_configuration();
+        assert_eq!(
+            configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "tenantry-system/tenantry-serving-cert"
+        );
+        for webhook in configuration["webhooks"].as_array().expect("webhooks") {
+            let service = &webhook["clientConfig"]["service"];
+            assert_eq!(service["name"], WEBHOOK_SERVICE);
+            assert_eq!(service["namespace"], NAMESPACE);
+            assert!(webhook["clientConfig"]["url"].is_null());
+        }
+    }
+
+    #[test]
+    fn metadata_maps_this_release_series_to_the_v1beta2_contract() {
+        let metadata: Value = serde_norway::from_str(metadata_yaml().trim_start_matches("---\n"))
+            .expect("metadata YAML");
+        assert_eq!(
+            metadata["apiVersion"],
+            "clusterctl.cluster.x-k8s.io/v1alpha3"
+        );
+        assert_eq!(metadata["releaseSeries"][0]["contract"], "v1beta2");
+    }
+}
