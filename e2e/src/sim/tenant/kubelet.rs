@@ -111,8 +111,10 @@ impl TalosJoin {
     pub fn parse(user_data: &str) -> Option<Self> {
         use serde::Deserialize as _;
         for document in serde_norway::Deserializer::from_str(user_data) {
+            // A YAML error ends the stream: the deserializer would
+            // otherwise yield the same error forever.
             let Ok(value) = Value::deserialize(document) else {
-                continue;
+                return None;
             };
             if value["version"] != "v1alpha1" {
                 continue;
