@@ -20,6 +20,10 @@ pub const PROVIDER_NAME: &str = "infrastructure-tenantry";
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 /// Annotation that pauses reconciliation of a single object.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+/// Annotation `clusterctl move` puts on each source object just before it
+/// deletes it: the object lives on in the target management cluster, so a
+/// provider must leave the infrastructure alone.
+pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
 /// Annotation marking an infrastructure cluster as managed by another system
 /// (for example the Kamaji control plane provider).
 pub const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";

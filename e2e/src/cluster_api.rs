@@ -44,6 +44,10 @@ struct ManagerSpec {
     config: PathBuf,
     health_flag: &'static str,
     extra_args: Vec<String>,
+    /// The `cluster.x-k8s.io/provider` label `clusterctl init` puts on the
+    /// provider's components (with `clusterctl.cluster.x-k8s.io`): without
+    /// them `clusterctl move` does not see the provider's kinds.
+    clusterctl_provider: &'static str,
 }
 
 /// The real Cluster API core manager (`sigs.k8s.io/cluster-api/core`).
@@ -68,6 +72,7 @@ impl UpstreamManager {
                     "--insecure-diagnostics=true".to_string(),
                     "--leader-elect=false".to_string(),
                 ],
+                clusterctl_provider: "cluster-api",
             },
         )
         .await
@@ -90,6 +95,7 @@ impl UpstreamManager {
                     format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
                     "--insecure-diagnostics=true".to_string(),
                 ],
+                clusterctl_provider: "ipam-in-cluster",
             },
         )
         .await
@@ -116,6 +122,7 @@ impl UpstreamManager {
             &spec.config.join("crd"),
             &webhook_base,
             &ca_bundle,
+            spec.clusterctl_provider,
         )
         .await?;
         install_webhook_configurations(
@@ -210,9 +217,16 @@ async fn install_crds(
     crd_dir: &Path,
     webhook_base: &str,
     ca_bundle: &ByteString,
+    clusterctl_provider: &str,
 ) -> anyhow::Result<()> {
     let mut crds = crds_of(read_documents(crd_dir)?)?;
     for crd in &mut crds {
+        let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());
+        labels.insert(
+            "cluster.x-k8s.io/provider".into(),
+            clusterctl_provider.into(),
+        );
         if crd.spec.versions.len() > 1 {
             crd.spec.conversion = Some(CustomResourceConversion {
                 strategy: "Webhook".into(),

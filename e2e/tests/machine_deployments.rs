@@ -17,11 +17,16 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
+use tenantry_e2e::clusterctl::{Clusterctl, install_cert_manager_crds};
 use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactory, ImageFactoryConfig, KubevirtSimConfig,
@@ -78,6 +83,103 @@ struct World {
     capi: ClusterApiManager,
     control_plane: ControlPlane,
     namespace: String,
+}
+
+/// A management cluster set up with `clusterctl init` and its controllers.
+struct Management {
+    // Field order is drop order.
+    tenantry: TenantryManager,
+    ipam: UpstreamManager,
+    capi: ClusterApiManager,
+    control_plane: ControlPlane,
+}
+
+/// A management cluster initialised by the real clusterctl from the local
+/// provider repository (Cluster API core and tenantry), as an operator
+/// would. Nothing runs pods here, so the controllers clusterctl deployed
+/// stay pending; the real managers run as processes instead and their
+/// webhooks are registered by URL, replacing the ones clusterctl installed
+/// (they point at Services with no pods behind them).
+async fn start_management_with_clusterctl(name: &str, clusterctl: &Clusterctl) -> ControlPlane {
+    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+        name: name.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start control plane");
+    let client = control_plane.client();
+    install_cert_manager_crds(&client)
+        .await
+        .expect("install cert-manager CRDs");
+    clusterctl
+        .run(
+            control_plane.kubeconfig_path(),
+            &[
+                "init",
+                "--bootstrap=-",
+                "--control-plane=-",
+                "--infrastructure",
+                "tenantry",
+            ],
+            &Default::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let installed = ListParams::default().labels("clusterctl.cluster.x-k8s.io");
+    // Conversion webhooks too: the manager started next points them at
+    // itself by URL, and a CRD may name a Service or a URL, not both.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds.list(&installed).await.expect("list CRDs").items {
+        let by_service = crd
+            .spec
+            .conversion
+            .as_ref()
+            .and_then(|c| c.webhook.as_ref())
+            .and_then(|w| w.client_config.as_ref())
+            .is_some_and(|c| c.service.is_some());
+        if by_service {
+            crds.patch(
+                &crd.metadata.name.unwrap_or_default(),
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "spec": { "conversion": { "strategy": "None", "webhook": null } } }),
+                ),
+            )
+            .await
+            .expect("unhook CRD conversion");
+        }
+    }
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    for hook in validating
+        .list(&installed)
+        .await
+        .expect("list webhooks")
+        .items
+    {
+        validating
+            .delete(
+                &hook.metadata.name.unwrap_or_default(),
+                &DeleteParams::default(),
+            )
+            .await
+            .expect("delete webhook configuration");
+    }
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client);
+    for hook in mutating
+        .list(&installed)
+        .await
+        .expect("list webhooks")
+        .items
+    {
+        mutating
+            .delete(
+                &hook.metadata.name.unwrap_or_default(),
+                &DeleteParams::default(),
+            )
+            .await
+            .expect("delete webhook configuration");
+    }
+    control_plane
 }
 
 /// The management cluster with tenantry's CRDs.
@@ -143,7 +245,10 @@ impl World {
     }
 
     async fn start_proxmox() -> Self {
-        let control_plane = start_management().await;
+        Self::start_proxmox_on(start_management().await).await
+    }
+
+    async fn start_proxmox_on(control_plane: ControlPlane) -> Self {
         let client = control_plane.client();
         let capi = ClusterApiManager::start(&control_plane)
             .await
@@ -168,6 +273,21 @@ impl World {
 
     fn client(&self) -> kube::Client {
         self.control_plane.client()
+    }
+
+    /// After `clusterctl move`: the world's management cluster becomes
+    /// `target` (with its CAPI manager, IPAM provider and tenantry); the
+    /// source's are handed back to be stopped.
+    fn move_to(&mut self, target: Management) -> Management {
+        let Substrate::Proxmox { _ipam: ipam, .. } = &mut self.substrate else {
+            panic!("moving is tested with Proxmox workers");
+        };
+        Management {
+            control_plane: std::mem::replace(&mut self.control_plane, target.control_plane),
+            capi: std::mem::replace(&mut self.capi, target.capi),
+            ipam: std::mem::replace(ipam, target.ipam),
+            tenantry: std::mem::replace(&mut self._tenantry, target.tenantry),
+        }
     }
 
     fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
@@ -263,7 +383,8 @@ impl World {
                     .expect("create namespace");
                 self.create(json!({
                     "apiVersion": "v1", "kind": "Secret",
-                    "metadata": { "name": PVE_CREDENTIALS },
+                    // Labelled so that `clusterctl move` takes it along.
+                    "metadata": { "name": PVE_CREDENTIALS, "labels": { "clusterctl.cluster.x-k8s.io/move": "" } },
                     "stringData": {
                         "url": pve.sim.url().as_str(),
                         "token_id": token.id,
@@ -321,7 +442,9 @@ impl World {
         self.create(json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": { "name": BOOTSTRAP_SECRET },
+            // Not owned by any Machine: labelled so that `clusterctl move`
+            // takes it along, as CAPI's move documentation asks.
+            "metadata": { "name": BOOTSTRAP_SECRET, "labels": { "clusterctl.cluster.x-k8s.io/move": "" } },
             "stringData": { "value": talos_worker_config(&tenant.endpoint), "format": "cloud-config" }
         }))
         .await;
@@ -1178,5 +1301,205 @@ async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_f
         "an event says the Machine was handed over for replacement"
     );
 
+    world.delete_cluster_and_check_nothing_is_left().await;
+}
+
+// `clusterctl move` between two management clusters set up by
+// `clusterctl init`: the target's tenantry adopts the running VMs (status
+// does not move with the objects), the source's leaves them alone while
+// clusterctl deletes its copies.
+#[tokio::test]
+async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .try_init();
+    }
+    let clusterctl = Clusterctl::with_local_repository().expect("local provider repository");
+    let source = start_management_with_clusterctl("source", &clusterctl).await;
+    let mut world = World::start_proxmox_on(source).await;
+    let tenant = world.create_cluster().await;
+    world.create_template("demo-workers-a", TALOS).await;
+    world.create_machine_deployment("demo-workers-a", 2).await;
+    let before = world
+        .wait_fleet(&tenant, "2 workers".into(), |f| f.machines.len() == 2)
+        .await;
+    let Substrate::Proxmox { pve, .. } = &world.substrate else {
+        unreachable!()
+    };
+    let hypervisor = |pve: &PveLab| {
+        let snapshot = pve.sim.snapshot();
+        let vms: Vec<(u32, String, u32)> = snapshot
+            .vms
+            .iter()
+            .filter(|vm| !vm.template)
+            .map(|vm| (vm.vmid, vm.name.clone(), vm.boots))
+            .collect();
+        let lifecycle_tasks = snapshot
+            .tasks
+            .iter()
+            .filter(|t| {
+                ["qmclone", "qmdestroy", "qmreset", "qmstop", "qmstart"]
+                    .contains(&t.task_type.as_str())
+            })
+            .count();
+        (vms, lifecycle_tasks)
+    };
+    let (vms_before, tasks_before) = hypervisor(pve);
+    assert_eq!(vms_before.len(), 2);
+
+    // The target: initialised the same way, with its own controllers and
+    // tenantry already running, as an operator prepares it.
+    let target_plane = start_management_with_clusterctl("target", &clusterctl).await;
+    let target = Management {
+        capi: ClusterApiManager::start(&target_plane)
+            .await
+            .expect("start the target's Cluster API manager"),
+        ipam: UpstreamManager::start_ipam_in_cluster(&target_plane)
+            .await
+            .expect("start the target's IPAM provider"),
+        tenantry: TenantryManager::start(target_plane.client()),
+        control_plane: target_plane,
+    };
+    world
+        .kamaji
+        .serve(target.control_plane.client())
+        .await
+        .expect("Kamaji serves the target");
+
+    // clusterctl pauses the cluster for the move itself, and refuses one
+    // that is paused already: whoever paused it may not want it moved.
+    let clusters = world.dynamic(&capi("Cluster", "clusters"));
+    let pause = |paused: bool| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch(
+                    CLUSTER,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "paused": paused } })),
+                )
+                .await
+                .expect("pause or resume the Cluster");
+        }
+    };
+    let to_kubeconfig = target.control_plane.kubeconfig_path().display().to_string();
+    let move_args = [
+        "move",
+        "--namespace",
+        PVE_TENANT,
+        "--to-kubeconfig",
+        to_kubeconfig.as_str(),
+    ];
+    pause(true).await;
+    let refused = clusterctl
+        .run(
+            world.control_plane.kubeconfig_path(),
+            &move_args,
+            &Default::default(),
+        )
+        .await
+        .expect_err("clusterctl refuses to move a paused cluster");
+    assert!(
+        format!("{refused:#}").contains("following Clusters are paused"),
+        "{refused:#}"
+    );
+    pause(false).await;
+    let output = clusterctl
+        .run(
+            world.control_plane.kubeconfig_path(),
+            &move_args,
+            &Default::default(),
+        )
+        .await
+        .unwrap_or_else(|e| world.fail(e))
+        .combined();
+    assert!(output.contains("Moving Cluster API objects"), "{output}");
+    let source = world.move_to(target);
+    world.kamaji.serve_only(world.client());
+
+    // Nothing of the cluster is left in the source.
+    let source_machines: Api<DynamicObject> = Api::namespaced_with(
+        source.control_plane.client(),
+        PVE_TENANT,
+        &capi("Machine", "machines"),
+    );
+    assert!(
+        source_machines
+            .list(&ListParams::default())
+            .await
+            .expect("list source Machines")
+            .items
+            .is_empty(),
+        "the source keeps no Machine"
+    );
+    drop(source);
+
+    // In the target, tenantry and CAPI pick the same workers up:
+    // ProxmoxMachines provisioned again, Machines Running with their
+    // Nodes, and on the hypervisor not a single VM created, deleted or
+    // restarted.
+    let machines = world.dynamic(&resource(
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha2",
+        "ProxmoxMachine",
+        "proxmoxmachines",
+    ));
+    let provisioned = wait::until(
+        "the moved ProxmoxMachines to be provisioned",
+        DEADLINE,
+        || {
+            let machines = machines.clone();
+            async move {
+                let list = machines.list(&ListParams::default()).await?.items;
+                let ready = list.len() == 2
+                    && list.iter().all(|m| {
+                        m.data["status"]["initialization"]["provisioned"] == true
+                            && m.data["status"]["conditions"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    });
+                Ok(ready.then_some(()))
+            }
+        },
+    )
+    .await;
+    if let Err(error) = provisioned {
+        let list = machines
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let states: Vec<String> = list
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}: {}",
+                    m.metadata.name.as_deref().unwrap_or_default(),
+                    m.data["status"]
+                )
+            })
+            .collect();
+        world.fail(error.context(states.join("\n")));
+    }
+    let after = world
+        .wait_fleet(&tenant, "the moved workers to run".into(), |f| {
+            f.machines == before.machines
+        })
+        .await;
+    assert_eq!(after.vms, before.vms);
+    let Substrate::Proxmox { pve, .. } = &world.substrate else {
+        unreachable!()
+    };
+    let (vms_after, tasks_after) = hypervisor(pve);
+    assert_eq!(vms_after, vms_before, "same VMs, same boots");
+    assert_eq!(
+        tasks_after, tasks_before,
+        "no VM was cloned, deleted or power-cycled"
+    );
+
+    // Deleting the moved cluster still cleans up everything.
     world.delete_cluster_and_check_nothing_is_left().await;
 }

@@ -15,6 +15,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tenantry_api::contract::DELETE_FOR_MOVE_ANNOTATION;
 
 /// The field manager of every write tenantry makes.
 pub const FIELD_MANAGER: &str = "tenantry";
@@ -214,6 +215,22 @@ where
         namespace = %namespace,
         name = object.meta().name.as_deref().unwrap_or_default()
     );
+    // `clusterctl move` marks the source's objects before deleting them: the
+    // infrastructure lives on under the target management cluster, so
+    // neither a last reconcile nor a cleanup may touch it. Dropping the
+    // finalizer is all that is left to do.
+    let moving = object
+        .meta()
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DELETE_FOR_MOVE_ANNOTATION));
+    let reconcile = |event: kube::runtime::finalizer::Event<K>| async move {
+        if moving {
+            tracing::info!("deleted by clusterctl move: the infrastructure is left as it is");
+            return Ok(Action::await_change());
+        }
+        reconcile(event).await
+    };
     let result = kube::runtime::finalizer(&api, finalizer_name, object, reconcile)
         .instrument(span)
         .await

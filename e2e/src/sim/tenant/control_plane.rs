@@ -8,7 +8,16 @@
 //! `spec.controlPlaneEndpoint` and reports the v1beta2 control plane
 //! contract in status. Here the tenant's kube-apiserver is a harness
 //! [`ControlPlane`] process instead of pods, and this simulator does the
-//! provider's part directly on the KamajiControlPlane. Left out: the
+//! provider's part directly on the KamajiControlPlane.
+//!
+//! One simulator can serve several management clusters
+//! ([`KamajiControlPlaneSimulator::serve`]). A tenant control plane belongs
+//! to its Cluster's namespace and name, not to one KamajiControlPlane
+//! object, so when `clusterctl move` recreates the objects in another
+//! management cluster and deletes the originals, the tenant keeps running
+//! (as Kamaji's tenant control planes do, hosted apart from the CAPI
+//! objects); it stops when no management cluster holds its
+//! KamajiControlPlane any more. Left out: the
 //! TenantControlPlane object, Kamaji's datastores, addons (CoreDNS,
 //! kube-proxy, konnectivity), version upgrades and replicas (the tenant has
 //! one kube-apiserver whatever `spec.replicas` says).
@@ -72,14 +81,19 @@ pub fn crd_path() -> PathBuf {
 }
 
 /// Installs the KamajiControlPlane CRD with the contract label the
-/// provider's release adds, so CAPI reads it as a v1beta2 control plane.
+/// provider's release adds, so CAPI reads it as a v1beta2 control plane,
+/// and the labels `clusterctl init --control-plane kamaji` adds, so
+/// `clusterctl move` moves KamajiControlPlanes with their Clusters.
 pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> {
     let mut crds = manifests::crds_of(manifests::read_documents(&crd_path())?)?;
     for crd in &mut crds {
-        crd.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(CONTRACT_LABEL.into(), VERSION.into());
+        let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(CONTRACT_LABEL.into(), VERSION.into());
+        labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());
+        labels.insert(
+            "cluster.x-k8s.io/provider".into(),
+            "control-plane-kamaji".into(),
+        );
     }
     manifests::apply_crds(client, crds).await
 }
@@ -91,10 +105,11 @@ struct Running {
 }
 
 struct Shared {
-    client: kube::Client,
+    /// The management clusters served.
+    clients: std::sync::Mutex<Vec<kube::Client>>,
     tenants: TenantClusters,
     options: TenantControlPlaneOptions,
-    /// By KamajiControlPlane UID.
+    /// By `namespace/cluster`.
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -118,13 +133,34 @@ impl KamajiControlPlaneSimulator {
             .await
             .context("install the KamajiControlPlane CRD")?;
         let shared = Arc::new(Shared {
-            client,
+            clients: std::sync::Mutex::new(vec![client]),
             tenants,
             options,
             running: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(run(shared.clone()));
         Ok(Self { shared, task })
+    }
+
+    /// Serves the KamajiControlPlanes of another management cluster too
+    /// (installing the CRD there).
+    pub async fn serve(&self, client: kube::Client) -> anyhow::Result<()> {
+        install_crds(&client)
+            .await
+            .context("install the KamajiControlPlane CRD")?;
+        self.shared
+            .clients
+            .lock()
+            .expect("clients lock")
+            .push(client);
+        Ok(())
+    }
+
+    /// Stops serving every management cluster but the one behind `client`
+    /// (already served): the source of a finished `clusterctl move`, whose
+    /// objects are gone, goes away.
+    pub fn serve_only(&self, client: kube::Client) {
+        *self.shared.clients.lock().expect("clients lock") = vec![client];
     }
 
     /// The tenant control plane of a CAPI Cluster, once it runs.
@@ -179,34 +215,62 @@ async fn run(shared: Arc<Shared>) {
 }
 
 async fn reconcile_all(shared: &Shared) -> anyhow::Result<()> {
-    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &api_resource());
-    let objects = api.list(&ListParams::default()).await?.items;
-    let live: HashMap<String, &DynamicObject> = objects
-        .iter()
-        .filter(|o| o.metadata.deletion_timestamp.is_none())
-        .filter_map(|o| Some((o.metadata.uid.clone()?, o)))
-        .collect();
+    let clients = shared.clients.lock().expect("clients lock").clone();
+    let mut live: Vec<(kube::Client, String, DynamicObject)> = Vec::new();
+    let mut all_answered = true;
+    for client in clients {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource());
+        // A management cluster that stopped answering (the source of a
+        // finished move) must not hold up the others.
+        let objects = match api.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(error) => {
+                tracing::debug!(%error, "a management cluster does not answer");
+                all_answered = false;
+                continue;
+            }
+        };
+        for object in objects {
+            if object.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            // Kamaji's provider does nothing until CAPI's Cluster controller
+            // has made the Cluster the owner.
+            let Some(cluster) = owner_cluster(&object) else {
+                continue;
+            };
+            let key = format!(
+                "{}/{cluster}",
+                object.metadata.namespace.as_deref().unwrap_or_default()
+            );
+            live.push((client.clone(), key, object));
+        }
+    }
 
-    // A deleted KamajiControlPlane takes its tenant control plane with it.
-    let gone: Vec<(String, Running)> = {
+    // A tenant whose KamajiControlPlane is gone everywhere stops. Only
+    // when every management cluster answered: one that did not may still
+    // hold it.
+    let gone: Vec<(String, Running)> = if !all_answered {
+        Vec::new()
+    } else {
         let mut running = shared.running.lock().await;
-        let uids: Vec<String> = running
+        let keys: Vec<String> = running
             .keys()
-            .filter(|uid| !live.contains_key(*uid))
+            .filter(|key| !live.iter().any(|(_, k, _)| k == *key))
             .cloned()
             .collect();
-        uids.into_iter()
-            .filter_map(|uid| running.remove(&uid).map(|r| (uid, r)))
+        keys.into_iter()
+            .filter_map(|key| running.remove(&key).map(|r| (key, r)))
             .collect()
     };
-    for (uid, tenant) in gone {
-        tracing::info!(%uid, endpoint = %tenant.endpoint, "tenant control plane stopped");
+    for (key, tenant) in gone {
+        tracing::info!(cluster = %key, endpoint = %tenant.endpoint, "tenant control plane stopped");
         shared.tenants.remove(&tenant.endpoint);
         stop_control_plane(tenant.control_plane).await;
     }
 
-    for (uid, object) in live {
-        if let Err(error) = reconcile(shared, &uid, object).await {
+    for (client, key, object) in &live {
+        if let Err(error) = reconcile(shared, client, key, object).await {
             tracing::warn!(
                 name = object.metadata.name.as_deref().unwrap_or_default(),
                 error = format!("{error:#}"),
@@ -228,18 +292,18 @@ fn owner_cluster(object: &DynamicObject) -> Option<String> {
         .map(|o| o.name.clone())
 }
 
-async fn reconcile(shared: &Shared, uid: &str, object: &DynamicObject) -> anyhow::Result<()> {
+async fn reconcile(
+    shared: &Shared,
+    client: &kube::Client,
+    key: &str,
+    object: &DynamicObject,
+) -> anyhow::Result<()> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let name = object.metadata.name.clone().unwrap_or_default();
-    // Kamaji's provider does nothing until CAPI's Cluster controller has
-    // made the Cluster the owner.
-    let Some(cluster) = owner_cluster(object) else {
-        return Ok(());
-    };
-
+    let cluster = owner_cluster(object).context("no owning Cluster")?;
     let endpoint = {
         let mut running = shared.running.lock().await;
-        match running.get(uid) {
+        match running.get(key) {
             Some(tenant) => tenant.endpoint.clone(),
             None => {
                 let control_plane = ControlPlane::start_with(ControlPlaneOptions {
@@ -260,7 +324,7 @@ async fn reconcile(shared: &Shared, uid: &str, object: &DynamicObject) -> anyhow
                 });
                 tracing::info!(%namespace, %cluster, %endpoint, "tenant control plane running");
                 running.insert(
-                    uid.to_string(),
+                    key.to_string(),
                     Running {
                         control_plane,
                         endpoint: endpoint.clone(),
@@ -272,14 +336,13 @@ async fn reconcile(shared: &Shared, uid: &str, object: &DynamicObject) -> anyhow
     };
     let kubeconfig = {
         let running = shared.running.lock().await;
-        let tenant = running.get(uid).context("tenant control plane vanished")?;
+        let tenant = running.get(key).context("tenant control plane vanished")?;
         std::fs::read_to_string(tenant.control_plane.kubeconfig_path())
             .context("read the tenant's admin kubeconfig")?
     };
-    ensure_kubeconfig_secret(shared, object, &namespace, &cluster, &kubeconfig).await?;
+    ensure_kubeconfig_secret(client, object, &namespace, &cluster, &kubeconfig).await?;
 
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(shared.client.clone(), &namespace, &api_resource());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &api_resource());
     let (host, port) = split_endpoint(&endpoint)?;
     if object.data["spec"]["controlPlaneEndpoint"]["host"]
         .as_str()
@@ -312,13 +375,13 @@ async fn reconcile(shared: &Shared, uid: &str, object: &DynamicObject) -> anyhow
 /// The Secret CAPI's ClusterCache reads (`<cluster>-kubeconfig`, key
 /// `value`), owned by the KamajiControlPlane as the provider makes it.
 async fn ensure_kubeconfig_secret(
-    shared: &Shared,
+    client: &kube::Client,
     owner: &DynamicObject,
     namespace: &str,
     cluster: &str,
     kubeconfig: &str,
 ) -> anyhow::Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(shared.client.clone(), namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let name = format!("{cluster}-kubeconfig");
     if let Some(existing) = secrets.get_opt(&name).await? {
         let current = existing
