@@ -17,6 +17,7 @@ use crate::remediation::{
     KubevirtRemediation, KubevirtRemediationTemplate, ProxmoxRemediation,
     ProxmoxRemediationTemplate,
 };
+use crate::tenant::Kubernetes;
 
 /// All of tenantry's CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
@@ -36,6 +37,8 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         KubevirtRemediationTemplate::crd(),
         spec_optional(ProxmoxRemediation::crd()),
         ProxmoxRemediationTemplate::crd(),
+        // Every spec field has a default, so `spec: {}` is a whole cluster.
+        spec_optional(Kubernetes::crd()),
     ]
 }
 

@@ -1,8 +1,8 @@
 //! Tenantry's API types.
 //!
 //! This crate holds types and nothing that does I/O: tenantry's own custom
-//! resources (`infrastructure.cluster.x-k8s.io` substrate kinds and, later,
-//! the `apps.tenantry.dev` tenant kinds) and the third-party kinds tenantry
+//! resources (`infrastructure.cluster.x-k8s.io` substrate kinds and the
+//! `apps.tenantry.dev` tenant kinds) and the third-party kinds tenantry
 //! reads and writes (Cluster API, KubeVirt, CDI, IPAM), generated with kopium
 //! from the upstream CRDs and committed (`hack/gen-types.sh`).
 
@@ -12,3 +12,4 @@ pub mod generated;
 pub mod kubevirt;
 pub mod proxmox;
 pub mod remediation;
+pub mod tenant;

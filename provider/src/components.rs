@@ -100,7 +100,17 @@ fn variable(name: &str) -> String {
 pub fn infrastructure_components() -> Vec<Value> {
     let mut documents = vec![namespace()];
     for crd in tenantry_api::crds::all() {
-        documents.push(serde_json::to_value(crd).expect("CRD serializes"));
+        let tenant_facing = crd.spec.group != INFRASTRUCTURE_GROUP;
+        let mut crd = serde_json::to_value(crd).expect("CRD serializes");
+        // clusterctl checks that CRD names follow CAPI's pluralisation, for
+        // kinds that core CAPI objects may reference. No CAPI object refers
+        // to the tenant-facing kinds, and `kuberneteses` is the plural the
+        // platform's users already know.
+        if tenant_facing {
+            crd["metadata"]["annotations"]["clusterctl.cluster.x-k8s.io/skip-crd-name-preflight-check"] =
+                json!("");
+        }
+        documents.push(crd);
     }
     documents.extend([
         service_account(),

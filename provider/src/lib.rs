@@ -1,7 +1,7 @@
 //! The tenantry manager's library: the substrate reconcilers (KubeVirt,
 //! Proxmox VE), the Cluster API contract helpers they share, reboot-first
-//! remediation, admission webhooks and (later) the tenant companion
-//! controller.
+//! remediation, admission webhooks and the tenant companion (today its
+//! admission rules).
 //! See `docs/architecture.md`.
 
 pub mod capi;
@@ -12,4 +12,5 @@ pub mod proxmox;
 pub mod remediation;
 pub mod runtime;
 pub mod telemetry;
+pub mod tenant;
 pub mod webhook;
