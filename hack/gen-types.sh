@@ -5,7 +5,10 @@
 #     project's shared reference data),
 #   - Cluster API v1beta2: the CRDs of the pinned Cluster API module, copied
 #     into the upstream cache by hack/upstream/build.sh,
-#   - in-cluster IPAM: e2e/fixtures/upstream/ipam-in-cluster.
+#   - in-cluster IPAM: e2e/fixtures/upstream/ipam-in-cluster,
+#   - Kamaji (DataStore), its Cluster API control-plane provider
+#     (KamajiControlPlane v1alpha2) and Cozystack's etcd-operator
+#     (EtcdCluster): e2e/fixtures/upstream/{kamaji,kamaji-cp-provider,etcd-operator}.
 # Requires kopium (cargo install kopium --version 0.24.1 --locked).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -60,4 +63,7 @@ for pair in ip_address_claim:ipaddressclaims ip_address:ipaddresses; do
 	gen "capi/${pair%%:*}" "$capi/ipam.cluster.x-k8s.io_${pair#*:}.yaml" --api-version v1beta2
 done
 gen ipam/in_cluster_ip_pool "$fixtures/ipam-in-cluster/crds/ipam.cluster.x-k8s.io_inclusterippools.yaml" --api-version v1alpha2
+gen kamaji/data_store "$fixtures/kamaji/crds/kamaji.clastix.io_datastores.yaml" --api-version v1alpha1
+gen kamaji/kamaji_control_plane "$fixtures/kamaji-cp-provider/crds/controlplane.cluster.x-k8s.io_kamajicontrolplanes.yaml" --api-version v1alpha2
+gen etcd_operator/etcd_cluster "$fixtures/etcd-operator/crds/etcd-operator.cozystack.io_etcdclusters.yaml" --api-version v1alpha2
 cargo fmt -p tenantry-api

@@ -3,7 +3,7 @@
 //! This crate holds types and nothing that does I/O: tenantry's own custom
 //! resources (`infrastructure.cluster.x-k8s.io` substrate kinds and the
 //! `apps.tenantry.dev` tenant kinds) and the third-party kinds tenantry
-//! reads and writes (Cluster API, KubeVirt, CDI, IPAM), generated with kopium
+//! reads and writes (Cluster API, KubeVirt, CDI, IPAM, Kamaji, etcd-operator), generated with kopium
 //! from the upstream CRDs and committed (`hack/gen-types.sh`).
 
 pub mod contract;

@@ -56,6 +56,9 @@ pub const CONTROL_PLANE_READY_CONDITION: &str = "ControlPlaneReady";
 pub const WORKLOADS_READY_CONDITION: &str = "WorkloadsReady";
 /// Condition type summarising the others.
 pub const READY_CONDITION: &str = "Ready";
+/// Finalizer of `Kubernetes` objects: the companion takes the cluster down
+/// in the safe order before the object goes.
+pub const KUBERNETES_FINALIZER: &str = "apps.tenantry.dev/kubernetes";
 
 /// Volume names the control plane uses for the Talos trust pieces of the
 /// `talos-csr-signer` sidecar; user volumes may not take them.
@@ -442,6 +445,13 @@ impl Substrate {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxmoxSettings {
+    /// Secret in this namespace with the Proxmox VE API token tenantry
+    /// creates and deletes the workers with (keys url, token_id,
+    /// token_secret, as for a ProxmoxCluster's credentialsRef);
+    /// `proxmox-credentials` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret_name: Option<String>,
     /// Proxmox nodes worker VMs may be placed on. Empty means every node of
     /// the Proxmox cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -5,13 +5,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use kube::api::{Api, Patch, PatchParams};
 use tenantry_provider::runtime::ManagerConfig;
 use tenantry_provider::webhook::WebhookConfig;
 use tenantry_provider::webhook::configuration::{
-    VALIDATING_CONFIGURATION_NAME, validating_configuration,
+    MUTATING_CONFIGURATION_NAME, VALIDATING_CONFIGURATION_NAME, mutating_configuration,
+    validating_configuration,
 };
 use tokio::task::JoinHandle;
 
@@ -78,11 +79,20 @@ impl TenantryManager {
         )
         .await?;
         let ca_bundle = ByteString(control_plane.ca().cert_pem().into_bytes());
-        let configuration = validating_configuration(|path| WebhookClientConfig {
+        let client_config = |path: &str| WebhookClientConfig {
             url: Some(format!("https://127.0.0.1:{port}{path}")),
             ca_bundle: Some(ca_bundle.clone()),
             service: None,
-        });
+        };
+        Api::<MutatingWebhookConfiguration>::all(control_plane.client())
+            .patch(
+                MUTATING_CONFIGURATION_NAME,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&mutating_configuration(client_config)),
+            )
+            .await
+            .context("register tenantry's mutating webhooks")?;
+        let configuration = validating_configuration(client_config);
         Api::<ValidatingWebhookConfiguration>::all(control_plane.client())
             .patch(
                 VALIDATING_CONFIGURATION_NAME,

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::admissionregistration::v1::{ServiceReference, WebhookClientConfig};
 use serde_json::{Value, json};
 
-use crate::webhook::configuration::validating_configuration;
+use crate::webhook::configuration::{mutating_configuration, validating_configuration};
 
 /// The provider's name for clusterctl (`--infrastructure tenantry`).
 pub const PROVIDER_NAME: &str = "tenantry";
@@ -122,6 +122,7 @@ pub fn infrastructure_components() -> Vec<Value> {
         certificate(),
         deployment(),
         validating_webhook_configuration(),
+        mutating_webhook_configuration(),
     ]);
     documents
 }
@@ -210,7 +211,35 @@ fn manager_role() -> Value {
         // capi/owner.rs reads the owner Machine and Cluster; the controllers
         // watch both. Remediation annotates and deletes the Machine it
         // remediates.
-        rule(&["cluster.x-k8s.io"], &["clusters"], READ),
+        // tenant: the Kubernetes objects, their status and finalizer.
+        rule(&["apps.tenantry.dev"], &["kuberneteses"], WRITE),
+        rule(
+            &["apps.tenantry.dev"],
+            &["kuberneteses/status"],
+            &["get", "patch", "update"],
+        ),
+        rule(
+            &["apps.tenantry.dev"],
+            &["kuberneteses/finalizers"],
+            &["update"],
+        ),
+        // tenant: what a Kubernetes object becomes — the CAPI Cluster, its
+        // KamajiControlPlane, the namespace's etcd and its Kamaji DataStore.
+        rule(&["cluster.x-k8s.io"], &["clusters"], WRITE),
+        rule(
+            &["controlplane.cluster.x-k8s.io"],
+            &["kamajicontrolplanes"],
+            WRITE,
+        ),
+        rule(&["etcd-operator.cozystack.io"], &["etcdclusters"], WRITE),
+        // tenant: whether Kamaji's and etcd-operator's kinds are installed
+        // (watched only then).
+        rule(
+            &["apiextensions.k8s.io"],
+            &["customresourcedefinitions"],
+            &["get"],
+        ),
+        rule(&["kamaji.clastix.io"], &["datastores"], WRITE),
         rule(
             &["cluster.x-k8s.io"],
             &["machines"],
@@ -437,6 +466,26 @@ fn validating_webhook_configuration() -> Value {
     value
 }
 
+/// The mutating webhooks, reached like the validating ones.
+fn mutating_webhook_configuration() -> Value {
+    let configuration = mutating_configuration(|path| WebhookClientConfig {
+        service: Some(ServiceReference {
+            name: WEBHOOK_SERVICE.into(),
+            namespace: NAMESPACE.into(),
+            path: Some(path.into()),
+            port: Some(443),
+        }),
+        ..Default::default()
+    });
+    let mut value = serde_json::to_value(configuration).expect("webhook configuration");
+    value["apiVersion"] = json!("admissionregistration.k8s.io/v1");
+    value["kind"] = json!("MutatingWebhookConfiguration");
+    value["metadata"]["labels"] = labels();
+    value["metadata"]["annotations"] =
+        json!({ "cert-manager.io/inject-ca-from": format!("{NAMESPACE}/{CERTIFICATE}") });
+    value
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,16 +580,21 @@ mod tests {
 
     #[test]
     fn webhooks_reach_the_service_and_take_their_ca_from_the_certificate() {
-        let configuration = validating_webhook_configuration();
-        assert_eq!(
-            configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
-            "tenantry-system/tenantry-serving-cert"
-        );
-        for webhook in configuration["webhooks"].as_array().expect("webhooks") {
-            let service = &webhook["clientConfig"]["service"];
-            assert_eq!(service["name"], WEBHOOK_SERVICE);
-            assert_eq!(service["namespace"], NAMESPACE);
-            assert!(webhook["clientConfig"]["url"].is_null());
+        for configuration in [
+            validating_webhook_configuration(),
+            mutating_webhook_configuration(),
+        ] {
+            assert_eq!(
+                configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                "tenantry-system/tenantry-serving-cert"
+            );
+            for webhook in configuration["webhooks"].as_array().expect("webhooks") {
+                let service = &webhook["clientConfig"]["service"];
+                assert_eq!(service["name"], WEBHOOK_SERVICE);
+                assert_eq!(service["namespace"], NAMESPACE);
+                assert!(webhook["clientConfig"]["url"].is_null());
+                assert_eq!(webhook["failurePolicy"], "Fail");
+            }
         }
     }
 

@@ -31,6 +31,7 @@ pub async fn run(client: kube::Client, config: ManagerConfig) {
             crate::proxmox::template::run(context("proxmoxmachinetemplate")),
             crate::remediation::run_kubevirt(context("kubevirtremediation")),
             crate::remediation::run_proxmox(context("proxmoxremediation")),
+            crate::tenant::run(context("kubernetes")),
         );
     };
     tokio::select! {

@@ -30,3 +30,15 @@ pub mod capi {
 pub mod ipam {
     pub mod in_cluster_ip_pool;
 }
+
+/// Kamaji (`kamaji.clastix.io/v1alpha1`) and its Cluster API control-plane
+/// provider (`controlplane.cluster.x-k8s.io/v1alpha2`).
+pub mod kamaji {
+    pub mod data_store;
+    pub mod kamaji_control_plane;
+}
+
+/// Cozystack's etcd-operator (`etcd-operator.cozystack.io/v1alpha2`).
+pub mod etcd_operator {
+    pub mod etcd_cluster;
+}

@@ -1,13 +1,22 @@
-//! The ValidatingWebhookConfiguration for tenantry's webhooks, generated from
-//! one list so the deployed YAML and the served paths cannot drift apart.
+//! The Validating- and MutatingWebhookConfigurations for tenantry's
+//! webhooks, generated from one list each so the deployed YAML and the
+//! served paths cannot drift apart.
 
 use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use kube::api::ObjectMeta;
 
-/// The configuration's name.
+/// The validating configuration's name.
 pub const VALIDATING_CONFIGURATION_NAME: &str = "tenantry-validating-webhook-configuration";
+/// The mutating configuration's name.
+pub const MUTATING_CONFIGURATION_NAME: &str = "tenantry-mutating-webhook-configuration";
+
+/// Path of the mutating webhook of `Kubernetes` objects.
+pub const KUBERNETES_MUTATING_PATH: &str = "/mutate-apps-tenantry-dev-v1alpha1-kubernetes";
+/// Path of the validating webhook of `Kubernetes` objects.
+pub const KUBERNETES_VALIDATING_PATH: &str = "/validate-apps-tenantry-dev-v1alpha1-kubernetes";
 
 /// One validating webhook: which kind it guards and where it is served.
 pub struct ValidatingEndpoint {
@@ -18,6 +27,9 @@ pub struct ValidatingEndpoint {
     pub resource: &'static str,
     pub operations: &'static [&'static str],
 }
+
+/// The mutating webhooks tenantry serves (the same shape as the validating).
+pub type MutatingEndpoint = ValidatingEndpoint;
 
 /// Every validating webhook tenantry serves.
 pub const VALIDATING_ENDPOINTS: &[ValidatingEndpoint] = &[
@@ -69,7 +81,65 @@ pub const VALIDATING_ENDPOINTS: &[ValidatingEndpoint] = &[
         resource: "proxmoxremediationtemplates",
         operations: &["UPDATE"],
     },
+    ValidatingEndpoint {
+        name: "validation.kubernetes.apps.tenantry.dev",
+        path: KUBERNETES_VALIDATING_PATH,
+        group: "apps.tenantry.dev",
+        version: "v1alpha1",
+        resource: "kuberneteses",
+        operations: &["CREATE", "UPDATE"],
+    },
 ];
+
+/// Every mutating webhook tenantry serves.
+pub const MUTATING_ENDPOINTS: &[MutatingEndpoint] = &[MutatingEndpoint {
+    name: "default.kubernetes.apps.tenantry.dev",
+    path: KUBERNETES_MUTATING_PATH,
+    group: "apps.tenantry.dev",
+    version: "v1alpha1",
+    resource: "kuberneteses",
+    operations: &["CREATE", "UPDATE"],
+}];
+
+fn rules(endpoint: &ValidatingEndpoint) -> Vec<RuleWithOperations> {
+    vec![RuleWithOperations {
+        api_groups: Some(vec![endpoint.group.into()]),
+        api_versions: Some(vec![endpoint.version.into()]),
+        operations: Some(endpoint.operations.iter().map(|o| o.to_string()).collect()),
+        resources: Some(vec![endpoint.resource.into()]),
+        scope: Some("Namespaced".into()),
+    }]
+}
+
+/// The mutating configuration, each webhook's client config made by
+/// `client_config` from its path.
+pub fn mutating_configuration(
+    client_config: impl Fn(&str) -> WebhookClientConfig,
+) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(MUTATING_CONFIGURATION_NAME.into()),
+            ..Default::default()
+        },
+        webhooks: Some(
+            MUTATING_ENDPOINTS
+                .iter()
+                .map(|endpoint| MutatingWebhook {
+                    name: endpoint.name.into(),
+                    admission_review_versions: vec!["v1".into()],
+                    client_config: client_config(endpoint.path),
+                    failure_policy: Some("Fail".into()),
+                    match_policy: Some("Equivalent".into()),
+                    // A later mutating webhook could add an extraArgs entry.
+                    reinvocation_policy: Some("IfNeeded".into()),
+                    side_effects: "None".into(),
+                    rules: Some(rules(endpoint)),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}
 
 /// The configuration, each webhook's client config made by `client_config`
 /// from its path (a Service reference when deployed, a URL in tests).
@@ -91,15 +161,7 @@ pub fn validating_configuration(
                     failure_policy: Some("Fail".into()),
                     match_policy: Some("Equivalent".into()),
                     side_effects: "None".into(),
-                    rules: Some(vec![RuleWithOperations {
-                        api_groups: Some(vec![endpoint.group.into()]),
-                        api_versions: Some(vec![endpoint.version.into()]),
-                        operations: Some(
-                            endpoint.operations.iter().map(|o| o.to_string()).collect(),
-                        ),
-                        resources: Some(vec![endpoint.resource.into()]),
-                        scope: Some("Namespaced".into()),
-                    }]),
+                    rules: Some(rules(endpoint)),
                     ..Default::default()
                 })
                 .collect(),

@@ -1,9 +1,11 @@
 //! Admission webhooks served by the `tenantry` binary: what CRD schemas and
 //! CEL rules cannot express. Today: infrastructure and remediation templates
 //! (KubeVirt and Proxmox) are immutable except for the dry-run requests of CAPI's
-//! topology controller.
+//! topology controller; `Kubernetes` objects are defaulted (mutating) and
+//! validated against the rules of `tenant::admission`.
 
 pub mod configuration;
+pub mod kubernetes;
 pub mod server;
 pub mod templates;
 

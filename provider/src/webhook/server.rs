@@ -23,7 +23,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use super::configuration::VALIDATING_ENDPOINTS;
+use super::configuration::{MUTATING_ENDPOINTS, VALIDATING_ENDPOINTS};
+use super::kubernetes::{self, Decision};
 use super::templates::{IMMUTABLE_TEMPLATE_KINDS, validate_template_update};
 
 /// Where and with which certificate the webhooks are served.
@@ -81,11 +82,15 @@ pub async fn serve(config: WebhookConfig) -> anyhow::Result<()> {
     }
 }
 
-/// The HTTP routes: one per validating endpoint, plus a health check.
+/// The HTTP routes: one per validating and mutating endpoint, plus a
+/// health check.
 pub fn router() -> Router {
     let mut router = Router::new().route("/healthz", get(|| async { "ok" }));
     for endpoint in VALIDATING_ENDPOINTS {
         router = router.route(endpoint.path, post(validate));
+    }
+    for endpoint in MUTATING_ENDPOINTS {
+        router = router.route(endpoint.path, post(mutate));
     }
     router
 }
@@ -97,34 +102,70 @@ async fn validate(
         Ok(request) => request,
         Err(error) => return Json(AdmissionResponse::invalid(error.to_string()).into_review()),
     };
+    let decision = decide(&request);
+    let mut response = AdmissionResponse::from(&request);
+    if let Some(message) = decision.denied {
+        response = response.deny(message);
+        response.result.code = 422;
+        response.result.reason = "Invalid".into();
+    }
+    if !decision.warnings.is_empty() {
+        response.warnings = Some(decision.warnings);
+    }
+    Json(response.into_review())
+}
+
+async fn mutate(
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(error) => return Json(AdmissionResponse::invalid(error.to_string()).into_review()),
+    };
     let response = AdmissionResponse::from(&request);
-    let response = match decide(&request) {
-        Ok(()) => response,
-        Err(message) => {
-            let mut denied = response.deny(message);
-            denied.result.code = 422;
-            denied.result.reason = "Invalid".into();
-            denied
-        }
+    let response = match request.kind.kind.as_str() {
+        "Kubernetes" => match kubernetes::mutate(&request) {
+            Ok((patch, _)) if patch.0.is_empty() => response,
+            Ok((patch, notes)) => match response.clone().with_patch(patch) {
+                Ok(mut patched) => {
+                    patched.warnings = Some(notes);
+                    patched
+                }
+                Err(error) => response.deny(format!("cannot encode the patch: {error}")),
+            },
+            // Mutating webhooks run before the schema is checked: an
+            // object the types cannot read gets the schema's own error
+            // next, which names the field better than a decoding error.
+            Err(message) => {
+                tracing::debug!(%message, "Kubernetes object left unmutated");
+                response
+            }
+        },
+        _ => response,
     };
     Json(response.into_review())
 }
 
 /// The decision for one request.
-fn decide(request: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
+fn decide(request: &AdmissionRequest<DynamicObject>) -> Decision {
     let kind = request.kind.kind.as_str();
     match (kind, &request.operation) {
+        ("Kubernetes", _) => kubernetes::validate(request),
         (kind, Operation::Update) if IMMUTABLE_TEMPLATE_KINDS.contains(&kind) => {
             let to_json =
                 |object: &Option<DynamicObject>| serde_json::to_value(object).unwrap_or_default();
-            validate_template_update(
-                kind,
-                &to_json(&request.old_object),
-                &to_json(&request.object),
-                request.dry_run,
-            )
+            Decision {
+                denied: validate_template_update(
+                    kind,
+                    &to_json(&request.old_object),
+                    &to_json(&request.object),
+                    request.dry_run,
+                )
+                .err(),
+                warnings: Vec::new(),
+            }
         }
-        _ => Ok(()),
+        _ => Decision::default(),
     }
 }
 

@@ -1,0 +1,113 @@
+//! Wiring of the `Kubernetes` controller: the object itself, and what it
+//! waits on (its KamajiControlPlane, the namespace's EtcdCluster) so that
+//! status follows them. The admin kubeconfig Secret is not watched (that
+//! would cache every Secret of the management cluster): a cluster that is
+//! not Ready yet is looked at again every few seconds anyway.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::Event as Finalizer;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use tenantry_api::tenant::{KUBERNETES_FINALIZER, Kubernetes};
+
+use super::reconcile::{self, Error};
+use super::render;
+use crate::runtime::{self, Context};
+
+/// Runs the controller until shutdown.
+pub async fn run(base: Arc<Context>) {
+    let client = base.client.clone();
+    let config = base.config.clone();
+    let objects: Api<Kubernetes> = config.api(&client);
+    let controller = Controller::new(objects, config.watcher_config());
+    let store = controller.store();
+    let namespaced_store = store.clone();
+    // Every Kubernetes object of a namespace: the namespace's etcd serves
+    // them all.
+    let in_namespace = move |namespace: Option<String>| {
+        namespaced_store
+            .state()
+            .into_iter()
+            .filter(|k| k.metadata.namespace == namespace)
+            .map(|k| ObjectRef::from_obj(k.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    // The object a `kubernetes-<name>` belongs to, by label.
+    let by_label = |meta: &kube::api::ObjectMeta| {
+        let name = meta.labels.as_ref()?.get(render::KUBERNETES_LABEL)?;
+        Some(
+            ObjectRef::<Kubernetes>::new(name)
+                .within(meta.namespace.as_deref().unwrap_or_default()),
+        )
+    };
+    let mut controller = controller;
+    // kube's watches_with retries a failing watch at once, without backoff:
+    // a kind whose CRD is missing (Kamaji or etcd-operator not installed
+    // yet) would be listed in a tight loop. Such kinds are not watched;
+    // reconciles then poll them (every few seconds until Ready).
+    if crd_installed(&client, "kamajicontrolplanes.controlplane.cluster.x-k8s.io").await {
+        let kcps: Api<DynamicObject> =
+            Api::all_with(client.clone(), &reconcile::kamaji_control_plane_resource());
+        controller = controller.watches_with(
+            kcps,
+            reconcile::kamaji_control_plane_resource(),
+            watcher::Config::default().labels(render::KUBERNETES_LABEL),
+            move |kcp| by_label(&kcp.metadata),
+        );
+    } else {
+        tracing::info!(
+            "KamajiControlPlane CRD not installed: the Kubernetes controller polls instead of watching"
+        );
+    }
+    if crd_installed(&client, "etcdclusters.etcd-operator.cozystack.io").await {
+        let etcds: Api<DynamicObject> =
+            Api::all_with(client.clone(), &reconcile::etcd_cluster_resource());
+        controller = controller.watches_with(
+            etcds,
+            reconcile::etcd_cluster_resource(),
+            watcher::Config::default(),
+            move |etcd| in_namespace(etcd.metadata.namespace.clone()),
+        );
+    } else {
+        tracing::info!(
+            "EtcdCluster CRD not installed: the Kubernetes controller polls instead of watching"
+        );
+    }
+    controller
+        .shutdown_on_signal()
+        .run(reconcile_kubernetes, error_policy, base)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "Kubernetes reconcile ended with an error");
+            }
+        })
+        .await;
+}
+
+async fn reconcile_kubernetes(object: Arc<Kubernetes>, ctx: Arc<Context>) -> Result<Action, Error> {
+    runtime::reconcile_with_finalizer(&ctx, object, KUBERNETES_FINALIZER, |event| async {
+        match event {
+            Finalizer::Apply(object) => reconcile::apply(object, &ctx).await,
+            Finalizer::Cleanup(object) => reconcile::cleanup(object, &ctx).await,
+        }
+    })
+    .await
+}
+
+async fn crd_installed(client: &kube::Client, name: &str) -> bool {
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+fn error_policy(object: Arc<Kubernetes>, error: &Error, ctx: Arc<Context>) -> Action {
+    runtime::error_policy(object, error, ctx)
+}
