@@ -45,6 +45,14 @@ pub struct ControlPlaneOptions {
     pub node_monitor_grace_period: Option<Duration>,
     /// Extra kube-apiserver flags, appended last.
     pub extra_apiserver_args: Vec<String>,
+    /// Which kube-apiserver build runs: the pinned release by default, or
+    /// another minor `hack/upstream/build.sh` builds (see
+    /// [`crate::upstream::KUBE_APISERVER_MINORS`]).
+    pub apiserver_binary: Binary,
+    /// More DNS names for the apiserver's serving certificate, besides
+    /// `127.0.0.1`, `localhost` and the `kubernetes.default…` names: the
+    /// in-cluster Service names a hosted control plane answers to.
+    pub extra_serving_names: Vec<String>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -54,6 +62,8 @@ impl Default for ControlPlaneOptions {
             controller_manager: true,
             node_monitor_grace_period: None,
             extra_apiserver_args: Vec::new(),
+            apiserver_binary: Binary::KubeApiserver,
+            extra_serving_names: Vec::new(),
         }
     }
 }
@@ -66,6 +76,11 @@ pub struct ControlPlane {
     controller_manager: Option<ManagedProcess>,
     apiserver: ManagedProcess,
     etcd: ManagedProcess,
+    /// The kube-apiserver build running now and the flags it runs with, so
+    /// it can be restarted (another minor) on the same data and port.
+    apiserver_binary: Binary,
+    apiserver_args: Vec<String>,
+    apiserver_log: PathBuf,
     ca: CertificateAuthority,
     server_url: String,
     kubeconfig_path: PathBuf,
@@ -127,17 +142,16 @@ impl ControlPlane {
         let ca = CertificateAuthority::new(&format!("tenantry-{}-ca", options.name))?;
         let ca_path = pki.join("ca.crt");
         std::fs::write(&ca_path, ca.cert_pem()).context("write ca.crt")?;
-        let serving = ca.issue_server(
-            "kube-apiserver",
-            &[
-                "127.0.0.1",
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
-        )?;
+        let mut serving_names = vec![
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ];
+        serving_names.extend(options.extra_serving_names.iter().map(String::as_str));
+        let serving = ca.issue_server("kube-apiserver", &serving_names)?;
         let (serving_cert, serving_key) = serving.write(&pki, "apiserver")?;
         let admin = ca.issue_client(ADMIN_USER, &["system:masters"])?;
         let sa_keys = ServiceAccountKeys::generate()?;
@@ -177,8 +191,8 @@ impl ControlPlane {
             &root.join("etcd.log"),
         )?;
 
-        let mut apiserver_cmd = Command::new(upstream.binary(Binary::KubeApiserver)?);
-        apiserver_cmd.args([
+        let mut apiserver_cmd = Command::new(upstream.binary(options.apiserver_binary)?);
+        let mut apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client_port}"),
             "--bind-address=127.0.0.1".to_string(),
             "--advertise-address=127.0.0.1".to_string(),
@@ -203,12 +217,14 @@ impl ControlPlane {
             // Endpoints validation refuses; nothing here needs it.
             "--endpoint-reconciler-type=none".to_string(),
             "--profiling=false".to_string(),
-        ]);
-        apiserver_cmd.args(&options.extra_apiserver_args);
+        ];
+        apiserver_args.extend(options.extra_apiserver_args.iter().cloned());
+        apiserver_cmd.args(&apiserver_args);
+        let apiserver_log = root.join("kube-apiserver.log");
         let mut apiserver = ManagedProcess::spawn(
             &format!("{}/kube-apiserver", options.name),
             apiserver_cmd,
-            &root.join("kube-apiserver.log"),
+            &apiserver_log,
         )?;
 
         let config =
@@ -289,6 +305,9 @@ impl ControlPlane {
             controller_manager,
             apiserver,
             etcd,
+            apiserver_binary: options.apiserver_binary,
+            apiserver_args,
+            apiserver_log,
             ca,
             server_url,
             kubeconfig_path,
@@ -344,6 +363,78 @@ impl ControlPlane {
         pids
     }
 
+    /// The kube-apiserver build running now.
+    pub fn apiserver_binary(&self) -> Binary {
+        self.apiserver_binary
+    }
+
+    /// What kube-apiserver answers at `/version` (`gitVersion`, e.g.
+    /// `v1.35.4`).
+    pub async fn server_version(&self) -> anyhow::Result<String> {
+        let info = self
+            .client
+            .apiserver_version()
+            .await
+            .context("GET /version")?;
+        Ok(info.git_version)
+    }
+
+    /// Replaces the running kube-apiserver with another build (a Kubernetes
+    /// upgrade, as a hosted control plane rolls its apiserver pods): stops
+    /// the kube-apiserver process only, starts `binary` with the same flags,
+    /// so on the same etcd data, certificates and port (kubeconfigs and
+    /// clients keep working), and waits until `/readyz` answers `ok`. etcd
+    /// and kube-controller-manager keep running; the controller manager
+    /// reconnects by itself.
+    pub async fn restart_apiserver_with(&mut self, binary: Binary) -> anyhow::Result<()> {
+        // Find the binary before stopping anything.
+        let path = Upstream::locate()?.binary(binary)?;
+        stop_process(&mut self.apiserver, Duration::from_secs(5)).await;
+        {
+            use std::io::Write as _;
+            let mut log = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.apiserver_log)
+                .context("open the kube-apiserver log")?;
+            writeln!(log, "==== restarting as {} ====", binary.file_name())?;
+        }
+        let mut command = Command::new(path);
+        command.args(&self.apiserver_args);
+        self.apiserver = ManagedProcess::spawn(
+            &format!("{}/kube-apiserver", self.name),
+            command,
+            &self.apiserver_log,
+        )?;
+        self.apiserver_binary = binary;
+        let ready = wait::until("restarted kube-apiserver /readyz", START_TIMEOUT, || {
+            let client = self.client.clone();
+            let exited = [
+                self.etcd.exit_status().map(|s| ("etcd", s)),
+                self.apiserver.exit_status().map(|s| ("kube-apiserver", s)),
+            ];
+            async move {
+                if let Some((which, status)) = exited.into_iter().flatten().next() {
+                    return Ok(Some(Err((which, status))));
+                }
+                let request = http::Request::get("/readyz").body(Vec::new())?;
+                let body = client.request_text(request).await?;
+                Ok((body.trim() == "ok").then_some(Ok(())))
+            }
+        })
+        .await;
+        match ready {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((which, status))) => Err(anyhow::anyhow!(
+                "{which} exited with {status} after the kube-apiserver restart:\n{}",
+                self.apiserver.log_tail(20)
+            )),
+            Err(error) => Err(error.context(format!(
+                "kube-apiserver log tail:\n{}",
+                self.apiserver.log_tail(20)
+            ))),
+        }
+    }
+
     /// A `kubectl` command pointed at this control plane.
     pub fn kubectl(&self) -> anyhow::Result<Command> {
         let mut cmd = Command::new(Upstream::locate()?.binary(Binary::Kubectl)?);
@@ -376,6 +467,27 @@ impl Drop for ControlPlane {
         }
         // Processes are killed by their own Drop, in field order.
     }
+}
+
+/// Stops a process like [`ManagedProcess::stop`] without blocking the async
+/// runtime: SIGTERM, up to `grace` to exit, then SIGKILL.
+async fn stop_process(process: &mut ManagedProcess, grace: Duration) {
+    if process.exit_status().is_some() {
+        return;
+    }
+    // SAFETY: plain kill(2) on our own child's pid, which has not been reaped
+    // (exit_status above would have reaped it).
+    unsafe {
+        libc::kill(process.pid() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if process.exit_status().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    process.kill();
 }
 
 enum StartError {

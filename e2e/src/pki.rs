@@ -81,6 +81,12 @@ impl CertificateAuthority {
         self.issuer.pem()
     }
 
+    /// The CA private key, PEM-encoded: what a CAPI `<cluster>-ca` Secret
+    /// holds as `tls.key`.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     /// A serving certificate for the given DNS names and IP addresses.
     pub fn issue_server(
         &self,

@@ -16,7 +16,11 @@ pub struct Upstream {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Binary {
     Etcd,
+    /// kube-apiserver of the pinned Kubernetes release (v1.35).
     KubeApiserver,
+    /// kube-apiserver of the previous minor (v1.34), for tenant control
+    /// planes that ask for it and for upgrades from it.
+    KubeApiserverV1_34,
     KubeControllerManager,
     Kubectl,
     ClusterApiManager,
@@ -30,12 +34,40 @@ impl Binary {
         match self {
             Binary::Etcd => "etcd",
             Binary::KubeApiserver => "kube-apiserver",
+            Binary::KubeApiserverV1_34 => "kube-apiserver-v1.34",
             Binary::KubeControllerManager => "kube-controller-manager",
             Binary::Kubectl => "kubectl",
             Binary::ClusterApiManager => "cluster-api-manager",
             Binary::Clusterctl => "clusterctl",
             Binary::IpamInCluster => "ipam-in-cluster",
         }
+    }
+}
+
+/// The kube-apiserver builds there are, by Kubernetes minor version (the
+/// `34` of v1.34), oldest first. `hack/upstream/build.sh` builds each from
+/// its own wrapper module (`kubernetes/`, `kubernetes-1.34/`).
+pub const KUBE_APISERVER_MINORS: [(u32, Binary); 2] = [
+    (34, Binary::KubeApiserverV1_34),
+    (35, Binary::KubeApiserver),
+];
+
+impl Binary {
+    /// The kube-apiserver build of Kubernetes `1.<minor>`, if there is one.
+    pub fn kube_apiserver_for_minor(minor: u32) -> Option<Binary> {
+        KUBE_APISERVER_MINORS
+            .iter()
+            .find(|(m, _)| *m == minor)
+            .map(|(_, binary)| *binary)
+    }
+
+    /// The Kubernetes minor of a kube-apiserver build (`None` for the other
+    /// programs).
+    pub fn kube_apiserver_minor(self) -> Option<u32> {
+        KUBE_APISERVER_MINORS
+            .iter()
+            .find(|(_, b)| *b == self)
+            .map(|(minor, _)| *minor)
     }
 }
 
@@ -113,5 +145,29 @@ impl Upstream {
     /// The cache root.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kube_apiserver_minor_has_its_own_binary() {
+        assert_eq!(
+            Binary::kube_apiserver_for_minor(35),
+            Some(Binary::KubeApiserver)
+        );
+        assert_eq!(
+            Binary::kube_apiserver_for_minor(34),
+            Some(Binary::KubeApiserverV1_34)
+        );
+        assert_eq!(Binary::kube_apiserver_for_minor(33), None);
+        assert_eq!(Binary::KubeApiserverV1_34.kube_apiserver_minor(), Some(34));
+        assert_eq!(Binary::Etcd.kube_apiserver_minor(), None);
+        assert_eq!(
+            Binary::KubeApiserverV1_34.file_name(),
+            "kube-apiserver-v1.34"
+        );
     }
 }

@@ -6,7 +6,9 @@
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
 # $TENANTRY_CACHE/upstream/bin/<name> is a symlink to the version this checkout
-# pins. Binaries already present are not rebuilt, so a warm run is a no-op.
+# pins; kube-apiserver of the previous minor (wrapper kubernetes-1.34/) is
+# linked as bin/kube-apiserver-v1.34 next to it. Binaries already present are
+# not rebuilt, so a warm run is a no-op.
 # The Cluster API CRDs and webhook manifests, which ship inside its Go module,
 # are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook}, and its
 # clusterctl release artifacts (core-components.yaml, metadata.yaml) are
@@ -40,9 +42,11 @@ module_dir() {
 build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 built=()
 
-# build <name> <wrapper dir> <package> <version> [ldflags]
+# build <name> <wrapper dir> <package> <version> [ldflags] [link]
+# [link] is the name under bin/ (default <name>); a second minor of the same
+# program gets its own, e.g. bin/kube-apiserver-v1.34.
 build() {
-	local name="$1" wrapper="$2" pkg="$3" version="$4" ldflags="${5:-}"
+	local name="$1" wrapper="$2" pkg="$3" version="$4" ldflags="${5:-}" link="${6:-$1}"
 	local dest="$cache/$name-$version/$name"
 	if [[ ! -x "$dest" ]]; then
 		echo "==> building $name $version ($pkg)"
@@ -51,10 +55,10 @@ build() {
 		(cd "$here/$wrapper" && go build -trimpath -ldflags "-s -w $ldflags" -o "$dest.partial" "$pkg")
 		mv "$dest.partial" "$dest"
 		echo "    built $name in $((SECONDS - start))s"
-		built+=("$name")
+		built+=("$link")
 	fi
 	# Relative links keep the cache valid if it is moved or mounted elsewhere.
-	ln -sfn "../$name-$version/$name" "$cache/bin/$name"
+	ln -sfn "../$name-$version/$name" "$cache/bin/$link"
 }
 
 # sel <name>: whether <name> was asked for (no arguments asks for everything).
@@ -84,6 +88,23 @@ main() {
 	fi
 	if sel kubectl; then
 		build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$k8s_version" "$k8s_ldflags"
+	fi
+
+	# --- kube-apiserver of the previous minor, for tenant control planes --------
+	# The tenant control plane simulator runs the kube-apiserver of the minor a
+	# KamajiControlPlane asks for (and upgrades it in place), so the previous
+	# minor is built too, from its own wrapper, and linked as
+	# bin/kube-apiserver-v<major>.<minor>. It shares etcd with the default one.
+	k8s_prev_version="$(version_of kubernetes-1.34 k8s.io/kubernetes)"
+	k8s_prev_minor="$(echo "$k8s_prev_version" | cut -d. -f2)"
+	k8s_prev_ldflags=""
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		k8s_prev_ldflags+=" -X $pkg.gitVersion=$k8s_prev_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_prev_minor"
+		k8s_prev_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+	done
+	if sel kube-apiserver-v1.$k8s_prev_minor; then
+		build kube-apiserver kubernetes-1.34 k8s.io/kubernetes/cmd/kube-apiserver "$k8s_prev_version" \
+			"$k8s_prev_ldflags" "kube-apiserver-v1.$k8s_prev_minor"
 	fi
 
 	# --- etcd ------------------------------------------------------------------

@@ -3,12 +3,67 @@
 //! tenant control plane behind it.
 //!
 //! Kamaji's CAPI provider turns a KamajiControlPlane into a Kamaji
-//! `TenantControlPlane`, whose kube-apiserver runs as pods; once it answers,
-//! the provider writes the `<cluster>-kubeconfig` Secret, sets
-//! `spec.controlPlaneEndpoint` and reports the v1beta2 control plane
-//! contract in status. Here the tenant's kube-apiserver is a harness
-//! [`ControlPlane`] process instead of pods, and this simulator does the
+//! `TenantControlPlane` of the same name, whose kube-apiserver runs as pods;
+//! Kamaji writes the TCP's Secrets, and once the apiserver answers the
+//! provider copies two of them into the CAPI Secrets, sets
+//! `spec.controlPlaneEndpoint` and reports the v1beta2 control plane contract
+//! in status. Here the tenant's kube-apiserver is a harness [`ControlPlane`]
+//! process instead of pods, and this simulator does Kamaji's and the
 //! provider's part directly on the KamajiControlPlane.
+//!
+//! What it copies:
+//!
+//! - **Versions.** The tenant kube-apiserver is a real build of the minor
+//!   `spec.version` asks for ([`apiserver_for_version`]: v1.35 → the pinned
+//!   `kube-apiserver`, v1.34 → `kube-apiserver-v1.34`), so `/version` answers
+//!   that minor; the patch is whatever `hack/upstream/` pins. Any other minor
+//!   starts nothing and reports `TenantControlPlaneCreated=False` (reason
+//!   `Failed`, as the provider reports a TCP that Kamaji's webhook refused)
+//!   with a message naming the version and the supported ones.
+//! - **Upgrades.** A new minor in `spec.version` of a running tenant restarts
+//!   its kube-apiserver with the other build on the same etcd data,
+//!   certificates and port, so kubeconfigs keep working (Kamaji rolls the
+//!   apiserver pods of the same TCP); `status.version` moves once the new
+//!   apiserver answers `/version` with the new minor. As Kamaji's version
+//!   webhook, it refuses downgrades and skipping a minor
+//!   ([`version_change`]); the tenant keeps running the old version.
+//! - **Secrets**, each owned by the KamajiControlPlane (standing in for the
+//!   TCP that owns Kamaji's own) so they go with it:
+//!   `<kcp>-admin-kubeconfig` with `admin.conf` and `super-admin.conf` (the
+//!   public endpoint, i.e. the harness apiserver URL) and `admin.svc`,
+//!   `super-admin.svc` (`https://<kcp>.<ns>.svc:<port>`, the TCP Service, port
+//!   from the Cluster's `clusterNetwork.apiServerPort`, default 6443), as
+//!   kubeadm writes them (users `kubernetes-admin` in group
+//!   `kubeadm:cluster-admins`, bound to `cluster-admin` in the tenant as
+//!   Kamaji's kubeadm phase does, and `kubernetes-super-admin` in
+//!   `system:masters`); `<cluster>-kubeconfig` (key `value`, what CAPI's
+//!   ClusterCache reads); `<cluster>-ca` (`tls.crt`/`tls.key`, the tenant
+//!   CA, as the provider copies it from `<tcp>-ca`). The apiserver's serving
+//!   certificate also names `<kcp>.<ns>.svc` and friends, as Kamaji's does.
+//! - **`spec.apiServer.extraArgs`**: flags Kamaji sets itself are dropped, as
+//!   Kamaji's `mergeAPIServerArgs` does ([`KAMAJI_OWNED_APISERVER_FLAGS`]);
+//!   the simulator logs what it dropped. The rest reach the tenant
+//!   kube-apiserver, except where the harness cannot honour them
+//!   ([`split_extra_args`]): flags the harness apiserver needs for its own
+//!   wiring, and flags naming files that do not exist on this machine
+//!   (production mounts them through `extraVolumes`, which nothing mounts
+//!   here). If the apiserver still refuses to start with the user's flags, it
+//!   is started without them and that is logged; a test reads the outcome
+//!   with [`KamajiControlPlaneSimulator::tenant_apiserver`]. Kamaji rolls
+//!   the apiserver pods when extraArgs change; here they are read once, when
+//!   the tenant starts (an upgrade restarts with the same flags).
+//! - **Status**: the provider's condition types (`TenantControlPlaneCreated`,
+//!   `TenantControlPlaneAddressReady`, `ControlPlaneEndpointPatched`,
+//!   `KamajiControlPlaneIsInitialized`, `KubeadmResourcesCreated`,
+//!   `KamajiControlPlaneIsReady` with reasons `Succeeded`/`Failed`, and
+//!   `Available`), `initialization.controlPlaneInitialized`, `ready`,
+//!   `version` and the replica counts.
+//! - **DataStores**, on demand
+//!   ([`KamajiControlPlaneSimulator::wait_for_data_stores`]): Kamaji does not
+//!   reconcile a TCP until its DataStore (`spec.dataStoreName`) exists and
+//!   is `status.ready`; the simulator then waits likewise, reporting
+//!   `TenantControlPlaneAddressReady=False`. Off by default, because most
+//!   tests name a DataStore (`default`) that nothing creates.
 //!
 //! One simulator can serve several management clusters
 //! ([`KamajiControlPlaneSimulator::serve`]). A tenant control plane belongs
@@ -17,18 +72,28 @@
 //! management cluster and deletes the originals, the tenant keeps running
 //! (as Kamaji's tenant control planes do, hosted apart from the CAPI
 //! objects); it stops when no management cluster holds its
-//! KamajiControlPlane any more. Left out: the
-//! TenantControlPlane object, Kamaji's datastores, addons (CoreDNS,
-//! kube-proxy, konnectivity), version upgrades and replicas (the tenant has
-//! one kube-apiserver whatever `spec.replicas` says).
+//! KamajiControlPlane any more.
+//!
+//! Left out: the TenantControlPlane object and its other Secrets
+//! (`<tcp>-ca`, certificates, the component kubeconfigs), the tenant's data
+//! living in the DataStore (each tenant has its own harness etcd), addons
+//! (CoreDNS, kube-proxy, konnectivity), `admissionControllers` (the harness
+//! apiserver keeps its own plugin set), kube-scheduler, certificate
+//! rotation, patching the infrastructure cluster, and replicas (the tenant
+//! has one kube-apiserver whatever `spec.replicas` says; status reports
+//! `spec.replicas` as ready).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
@@ -38,6 +103,8 @@ use tokio::task::JoinHandle;
 use super::{TenantCluster, TenantClusters};
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::manifests;
+use crate::pki::CertificateAuthority;
+use crate::upstream::{Binary, KUBE_APISERVER_MINORS};
 
 /// The kind this simulator serves.
 pub const KAMAJI_CONTROL_PLANE_KIND: &str = "KamajiControlPlane";
@@ -48,6 +115,61 @@ const CONTRACT_LABEL: &str = "cluster.x-k8s.io/v1beta2";
 const FIELD_MANAGER: &str = "sim-kamaji-control-plane-provider";
 /// How often the simulator looks at KamajiControlPlanes.
 const POLL: Duration = Duration::from_millis(500);
+/// The TCP Service port when the Cluster does not set
+/// `clusterNetwork.apiServerPort` (Kamaji's `networkProfile.port` default).
+const DEFAULT_SERVICE_PORT: u16 = 6443;
+
+/// kube-apiserver flags Kamaji always sets itself (`mergeAPIServerArgs` in
+/// `internal/builders/controlplane/deployment.go`): a user's
+/// `extraArgs.apiServer` entry naming one is dropped.
+pub const KAMAJI_OWNED_APISERVER_FLAGS: &[&str] = &[
+    // identity and certificates
+    "advertise-address",
+    "client-ca-file",
+    "tls-cert-file",
+    "tls-private-key-file",
+    "secure-port",
+    // kubelet client
+    "kubelet-client-certificate",
+    "kubelet-client-key",
+    "kubelet-preferred-address-types",
+    // front proxy
+    "proxy-client-cert-file",
+    "proxy-client-key-file",
+    "requestheader-allowed-names",
+    "requestheader-client-ca-file",
+    // service accounts and admission plugins
+    "service-account-key-file",
+    "service-account-signing-key-file",
+    "service-cluster-ip-range",
+    "enable-admission-plugins",
+    // the datastore
+    "etcd-servers",
+    "etcd-prefix",
+    "etcd-cafile",
+    "etcd-certfile",
+    "etcd-keyfile",
+    "etcd-compaction-interval",
+];
+
+/// Flags a user may set in production (Kamaji only defaults them, or owns
+/// them only with `dataStoreOverrides`) that the harness kube-apiserver sets
+/// for its own wiring and cannot take twice.
+const HARNESS_APISERVER_FLAGS: &[&str] = &[
+    "allow-privileged",
+    "authorization-mode",
+    // Excludes --authorization-mode, which the harness always sets (Kamaji
+    // drops its own default instead).
+    "authorization-config",
+    "service-account-issuer",
+    "bind-address",
+    "cert-dir",
+    "disable-admission-plugins",
+    "endpoint-reconciler-type",
+    "profiling",
+    // Other datastores are not reachable from the harness etcd.
+    "etcd-servers-overrides",
+];
 
 /// How the tenant control planes run.
 #[derive(Clone, Debug)]
@@ -66,10 +188,53 @@ impl Default for TenantControlPlaneOptions {
     }
 }
 
+/// What became of a KamajiControlPlane's `spec.apiServer.extraArgs`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExtraArgs {
+    /// Passed to the tenant kube-apiserver.
+    pub passed: Vec<String>,
+    /// Dropped because Kamaji sets the flag itself, as Kamaji drops them.
+    pub owned_by_kamaji: Vec<String>,
+    /// Dropped because the harness apiserver sets the flag for its own
+    /// wiring (production would honour them).
+    pub kept_by_harness: Vec<String>,
+    /// Dropped because they name files that do not exist here (production
+    /// mounts them from `extraVolumes`).
+    pub missing_files: Vec<String>,
+    /// Passed, but the harness kube-apiserver did not start with them, so it
+    /// runs without them.
+    pub refused_by_apiserver: Vec<String>,
+}
+
+/// The kube-apiserver of a running tenant, as the simulator runs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantApiServer {
+    /// The build running now.
+    pub binary: Binary,
+    /// The `spec.version` it serves (`status.version`).
+    pub version: String,
+    /// What became of `spec.apiServer.extraArgs`.
+    pub extra_args: ExtraArgs,
+}
+
 fn api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(GROUP, VERSION, KAMAJI_CONTROL_PLANE_KIND),
         "kamajicontrolplanes",
+    )
+}
+
+fn cluster_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
+        "clusters",
+    )
+}
+
+fn data_store_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kamaji.clastix.io", "v1alpha1", "DataStore"),
+        "datastores",
     )
 }
 
@@ -102,6 +267,14 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
 struct Running {
     control_plane: ControlPlane,
     endpoint: String,
+    /// The `spec.version` it serves.
+    version: String,
+    extra_args: ExtraArgs,
+    /// The `<kcp>-admin-kubeconfig` data, rendered once at start.
+    admin_kubeconfigs: BTreeMap<String, String>,
+    /// A `spec.version` the tenant failed to upgrade to, and why; not tried
+    /// again until `spec.version` changes.
+    failed_upgrade: Option<(String, String)>,
 }
 
 struct Shared {
@@ -109,6 +282,7 @@ struct Shared {
     clients: std::sync::Mutex<Vec<kube::Client>>,
     tenants: TenantClusters,
     options: TenantControlPlaneOptions,
+    wait_for_data_stores: AtomicBool,
     /// By `namespace/cluster`.
     running: Mutex<HashMap<String, Running>>,
 }
@@ -136,6 +310,7 @@ impl KamajiControlPlaneSimulator {
             clients: std::sync::Mutex::new(vec![client]),
             tenants,
             options,
+            wait_for_data_stores: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(run(shared.clone()));
@@ -163,9 +338,36 @@ impl KamajiControlPlaneSimulator {
         *self.shared.clients.lock().expect("clients lock") = vec![client];
     }
 
+    /// Whether a tenant waits, as under Kamaji, until the DataStore its
+    /// KamajiControlPlane names (`spec.dataStoreName`) exists and is
+    /// `status.ready` before it starts. Off by default. Needs the DataStore
+    /// CRD (see [`super::EtcdSimulator`]).
+    pub fn wait_for_data_stores(&self, wait: bool) {
+        self.shared
+            .wait_for_data_stores
+            .store(wait, Ordering::Relaxed);
+    }
+
     /// The tenant control plane of a CAPI Cluster, once it runs.
     pub fn tenant(&self, namespace: &str, cluster: &str) -> Option<TenantCluster> {
         self.shared.tenants.get(namespace, cluster)
+    }
+
+    /// The kube-apiserver of the CAPI Cluster's tenant, once it runs: which
+    /// build, which version it serves, what became of the extraArgs.
+    pub async fn tenant_apiserver(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Option<TenantApiServer> {
+        let running = self.shared.running.lock().await;
+        running
+            .get(&format!("{namespace}/{cluster}"))
+            .map(|tenant| TenantApiServer {
+                binary: tenant.control_plane.apiserver_binary(),
+                version: tenant.version.clone(),
+                extra_args: tenant.extra_args.clone(),
+            })
     }
 
     /// How many tenant control planes run now.
@@ -292,6 +494,21 @@ fn owner_cluster(object: &DynamicObject) -> Option<String> {
         .map(|o| o.name.clone())
 }
 
+/// Where a KamajiControlPlane stands, for its status.
+#[derive(Clone, Debug, PartialEq)]
+enum Observed {
+    /// The tenant kube-apiserver serves `version`; `refused` says why a
+    /// newer `spec.version` was not rolled out.
+    Serving {
+        version: String,
+        refused: Option<String>,
+    },
+    /// Nothing started: `spec.version` is not one the simulator runs.
+    Refused { message: String },
+    /// Nothing started: its DataStore is missing or not ready.
+    WaitingForDataStore { message: String },
+}
+
 async fn reconcile(
     shared: &Shared,
     client: &kube::Client,
@@ -301,65 +518,121 @@ async fn reconcile(
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let name = object.metadata.name.clone().unwrap_or_default();
     let cluster = owner_cluster(object).context("no owning Cluster")?;
-    let endpoint = {
-        let mut running = shared.running.lock().await;
-        match running.get(key) {
-            Some(tenant) => tenant.endpoint.clone(),
-            None => {
-                let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-                    name: format!("tenant-{cluster}"),
-                    node_monitor_grace_period: Some(shared.options.node_monitor_grace_period),
-                    ..Default::default()
-                })
-                .await
-                .with_context(|| {
-                    format!("start the tenant control plane of {namespace}/{cluster}")
-                })?;
-                let endpoint = control_plane.server_url().to_string();
-                shared.tenants.insert(TenantCluster {
-                    namespace: namespace.clone(),
-                    name: cluster.clone(),
-                    endpoint: endpoint.clone(),
-                    client: control_plane.client(),
-                });
-                tracing::info!(%namespace, %cluster, %endpoint, "tenant control plane running");
-                running.insert(
-                    key.to_string(),
-                    Running {
-                        control_plane,
-                        endpoint: endpoint.clone(),
-                    },
-                );
-                endpoint
-            }
-        }
-    };
-    let kubeconfig = {
-        let running = shared.running.lock().await;
-        let tenant = running.get(key).context("tenant control plane vanished")?;
-        std::fs::read_to_string(tenant.control_plane.kubeconfig_path())
-            .context("read the tenant's admin kubeconfig")?
-    };
-    ensure_kubeconfig_secret(client, object, &namespace, &cluster, &kubeconfig).await?;
-
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &api_resource());
-    let (host, port) = split_endpoint(&endpoint)?;
-    if object.data["spec"]["controlPlaneEndpoint"]["host"]
+    let spec_version = object.data["spec"]["version"]
         .as_str()
         .unwrap_or_default()
-        .is_empty()
-    {
-        api.patch(
-            &name,
-            &patch_params(),
-            &Patch::Merge(
-                json!({ "spec": { "controlPlaneEndpoint": { "host": host, "port": port } } }),
-            ),
-        )
-        .await
-        .context("set spec.controlPlaneEndpoint")?;
+        .to_string();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &api_resource());
+
+    let observed = {
+        let mut running = shared.running.lock().await;
+        match running.get_mut(key) {
+            Some(tenant) => Observed::Serving {
+                refused: roll_version(tenant, &spec_version, &namespace, &cluster).await,
+                version: tenant.version.clone(),
+            },
+            None => match apiserver_for_version(&spec_version) {
+                Err(message) => Observed::Refused { message },
+                Ok(binary) => match data_store_not_ready(shared, client, object).await {
+                    Some(message) => Observed::WaitingForDataStore { message },
+                    None => {
+                        let tenant =
+                            start_tenant(shared, client, object, &cluster, &spec_version, binary)
+                                .await?;
+                        let endpoint = tenant.endpoint.clone();
+                        shared.tenants.insert(TenantCluster {
+                            namespace: namespace.clone(),
+                            name: cluster.clone(),
+                            endpoint: endpoint.clone(),
+                            client: tenant.control_plane.client(),
+                        });
+                        tracing::info!(
+                            %namespace, %cluster, %endpoint, version = %spec_version,
+                            "tenant control plane running"
+                        );
+                        running.insert(key.to_string(), tenant);
+                        Observed::Serving {
+                            version: spec_version.clone(),
+                            refused: None,
+                        }
+                    }
+                },
+            },
+        }
+    };
+
+    if let Observed::Serving { .. } = observed {
+        let (endpoint, kubeconfig, admin_kubeconfigs, ca_cert, ca_key) = {
+            let running = shared.running.lock().await;
+            let tenant = running.get(key).context("tenant control plane vanished")?;
+            let kubeconfig = std::fs::read_to_string(tenant.control_plane.kubeconfig_path())
+                .context("read the tenant's admin kubeconfig")?;
+            let ca = tenant.control_plane.ca();
+            (
+                tenant.endpoint.clone(),
+                kubeconfig,
+                tenant.admin_kubeconfigs.clone(),
+                ca.cert_pem(),
+                ca.key_pem(),
+            )
+        };
+        let secrets = Secrets {
+            client,
+            owner: object,
+            namespace: &namespace,
+        };
+        // Kamaji writes the TCP's admin kubeconfig; the provider copies from
+        // it into the CAPI Secrets.
+        secrets
+            .ensure(
+                &format!("{name}-admin-kubeconfig"),
+                None,
+                kamaji_labels(&name, "admin-kubeconfig"),
+                &admin_kubeconfigs,
+            )
+            .await
+            .context("the admin kubeconfig Secret")?;
+        secrets
+            .ensure(
+                &format!("{cluster}-kubeconfig"),
+                Some("cluster.x-k8s.io/secret"),
+                capi_labels(&cluster, &name, "kubeconfig"),
+                &BTreeMap::from([("value".to_string(), kubeconfig)]),
+            )
+            .await
+            .context("the kubeconfig Secret")?;
+        secrets
+            .ensure(
+                &format!("{cluster}-ca"),
+                Some("cluster.x-k8s.io/secret"),
+                capi_labels(&cluster, &name, "ca"),
+                &BTreeMap::from([
+                    ("tls.crt".to_string(), ca_cert),
+                    ("tls.key".to_string(), ca_key),
+                ]),
+            )
+            .await
+            .context("the CA Secret")?;
+
+        let (host, port) = split_endpoint(&endpoint)?;
+        if object.data["spec"]["controlPlaneEndpoint"]["host"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            api.patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(
+                    json!({ "spec": { "controlPlaneEndpoint": { "host": host, "port": port } } }),
+                ),
+            )
+            .await
+            .context("set spec.controlPlaneEndpoint")?;
+        }
     }
-    let status = desired_status(object);
+
+    let status = desired_status(object, &observed);
     if !status_matches(&object.data["status"], &status) {
         api.patch_status(
             &name,
@@ -372,58 +645,398 @@ async fn reconcile(
     Ok(())
 }
 
-/// The Secret CAPI's ClusterCache reads (`<cluster>-kubeconfig`, key
-/// `value`), owned by the KamajiControlPlane as the provider makes it.
-async fn ensure_kubeconfig_secret(
-    client: &kube::Client,
-    owner: &DynamicObject,
+/// Moves a running tenant to `spec_version` if it can; returns why not.
+async fn roll_version(
+    tenant: &mut Running,
+    spec_version: &str,
     namespace: &str,
     cluster: &str,
-    kubeconfig: &str,
-) -> anyhow::Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let name = format!("{cluster}-kubeconfig");
-    if let Some(existing) = secrets.get_opt(&name).await? {
-        let current = existing
-            .data
-            .as_ref()
-            .and_then(|d| d.get("value"))
-            .map(|v| v.0.as_slice());
-        if current == Some(kubeconfig.as_bytes()) {
+) -> Option<String> {
+    if let Some((version, error)) = &tenant.failed_upgrade {
+        if version == spec_version {
+            return Some(error.clone());
+        }
+        tenant.failed_upgrade = None;
+    }
+    let running_binary = tenant.control_plane.apiserver_binary();
+    match version_change(&tenant.version, running_binary, spec_version) {
+        VersionChange::None => None,
+        VersionChange::Refused(message) => Some(message),
+        VersionChange::Patch => {
+            // Same minor, same build: only the version reported moves.
+            tenant.version = spec_version.to_string();
+            None
+        }
+        VersionChange::Upgrade(binary) => {
+            tracing::info!(
+                %namespace, %cluster, from = %tenant.version, to = %spec_version,
+                "upgrading the tenant kube-apiserver"
+            );
+            let upgraded = async {
+                tenant.control_plane.restart_apiserver_with(binary).await?;
+                verify_minor(&tenant.control_plane, binary).await
+            }
+            .await;
+            match upgraded {
+                Ok(()) => {
+                    tracing::info!(%namespace, %cluster, version = %spec_version, "tenant kube-apiserver upgraded");
+                    tenant.version = spec_version.to_string();
+                    None
+                }
+                Err(error) => {
+                    let message = format!("upgrade to {spec_version} failed: {error:#}");
+                    tracing::warn!(%namespace, %cluster, %message);
+                    // Keep the tenant serving its old version, as Kamaji's
+                    // blue/green rollout keeps the old pods.
+                    if let Err(error) = tenant
+                        .control_plane
+                        .restart_apiserver_with(running_binary)
+                        .await
+                    {
+                        tracing::warn!(%namespace, %cluster, error = format!("{error:#}"), "rolling back the tenant kube-apiserver failed");
+                    }
+                    tenant.failed_upgrade = Some((spec_version.to_string(), message.clone()));
+                    Some(message)
+                }
+            }
+        }
+    }
+}
+
+/// Starts the tenant control plane of a KamajiControlPlane and renders its
+/// admin kubeconfigs.
+async fn start_tenant(
+    shared: &Shared,
+    client: &kube::Client,
+    object: &DynamicObject,
+    cluster: &str,
+    version: &str,
+    binary: Binary,
+) -> anyhow::Result<Running> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let user_args: Vec<String> = object.data["spec"]["apiServer"]["extraArgs"]
+        .as_array()
+        .map(|args| {
+            args.iter()
+                .filter_map(|a| a.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut extra_args = split_extra_args(&user_args, |path| Path::new(path).exists());
+    if !extra_args.owned_by_kamaji.is_empty() {
+        tracing::info!(
+            %namespace, kcp = %name, dropped = ?extra_args.owned_by_kamaji,
+            "dropped apiServer extraArgs Kamaji owns"
+        );
+    }
+    if !extra_args.kept_by_harness.is_empty() || !extra_args.missing_files.is_empty() {
+        tracing::info!(
+            %namespace, kcp = %name,
+            kept_by_harness = ?extra_args.kept_by_harness,
+            missing_files = ?extra_args.missing_files,
+            "apiServer extraArgs the harness kube-apiserver cannot take"
+        );
+    }
+    let options = |args: Vec<String>| ControlPlaneOptions {
+        name: format!("tenant-{cluster}"),
+        node_monitor_grace_period: Some(shared.options.node_monitor_grace_period),
+        extra_apiserver_args: args,
+        apiserver_binary: binary,
+        extra_serving_names: service_names(&name, &namespace),
+        ..Default::default()
+    };
+    let starting = || format!("start the tenant control plane of {namespace}/{cluster}");
+    let control_plane = match ControlPlane::start_with(options(extra_args.passed.clone())).await {
+        Ok(control_plane) => control_plane,
+        Err(error) if !extra_args.passed.is_empty() => {
+            tracing::warn!(
+                %namespace, kcp = %name, args = ?extra_args.passed, error = format!("{error:#}"),
+                "the tenant kube-apiserver refused the apiServer extraArgs; starting it without them"
+            );
+            extra_args.refused_by_apiserver = std::mem::take(&mut extra_args.passed);
+            ControlPlane::start_with(options(Vec::new()))
+                .await
+                .with_context(starting)?
+        }
+        Err(error) => return Err(error.context(starting())),
+    };
+    verify_minor(&control_plane, binary).await?;
+
+    // kubeadm's admin.conf user is in `kubeadm:cluster-admins`, bound to
+    // cluster-admin by the kubeadm phase Kamaji runs in the tenant.
+    ensure_cluster_admins_binding(&control_plane.client()).await?;
+    let port = service_port(client, &namespace, cluster).await;
+    let admin_kubeconfigs = admin_kubeconfig_data(
+        &name,
+        &namespace,
+        control_plane.server_url(),
+        port,
+        control_plane.ca(),
+    )?;
+    Ok(Running {
+        endpoint: control_plane.server_url().to_string(),
+        control_plane,
+        version: version.to_string(),
+        extra_args,
+        admin_kubeconfigs,
+        failed_upgrade: None,
+    })
+}
+
+/// Checks that the apiserver answers `/version` with the minor of `binary`.
+async fn verify_minor(control_plane: &ControlPlane, binary: Binary) -> anyhow::Result<()> {
+    let answered = control_plane.server_version().await?;
+    let expected = binary.kube_apiserver_minor();
+    let minor = parse_version(&answered).map(|(_, minor, _)| minor);
+    if minor.is_none() || minor != expected {
+        anyhow::bail!(
+            "{} answers /version with {answered}, not v1.{}",
+            binary.file_name(),
+            expected.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// Why the KamajiControlPlane's DataStore keeps Kamaji from reconciling
+/// its TCP, when the simulator waits for DataStores.
+async fn data_store_not_ready(
+    shared: &Shared,
+    client: &kube::Client,
+    object: &DynamicObject,
+) -> Option<String> {
+    if !shared.wait_for_data_stores.load(Ordering::Relaxed) {
+        return None;
+    }
+    let name = object.data["spec"]["dataStoreName"]
+        .as_str()
+        .unwrap_or_default();
+    if name.is_empty() {
+        // Kamaji then uses its --datastore default, which is not simulated.
+        return None;
+    }
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &data_store_resource());
+    match api.get_opt(name).await {
+        Ok(Some(data_store)) if data_store.data["status"]["ready"] == true => None,
+        Ok(Some(_)) => Some(format!("DataStore {name} is not ready")),
+        Ok(None) => Some(format!("DataStore {name} does not exist")),
+        Err(error) => Some(format!("DataStore {name}: {error}")),
+    }
+}
+
+/// The TCP Service port: the Cluster's `clusterNetwork.apiServerPort`, as
+/// the provider copies it into the TCP's `networkProfile.port`.
+async fn service_port(client: &kube::Client, namespace: &str, cluster: &str) -> u16 {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &cluster_resource());
+    api.get_opt(cluster)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.data["spec"]["clusterNetwork"]["apiServerPort"].as_u64())
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(DEFAULT_SERVICE_PORT)
+}
+
+async fn ensure_cluster_admins_binding(tenant: &kube::Client) -> anyhow::Result<()> {
+    let api: Api<ClusterRoleBinding> = Api::all(tenant.clone());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "kubeadm:cluster-admins" },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "cluster-admin",
+        },
+        "subjects": [{
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Group",
+            "name": "kubeadm:cluster-admins",
+        }],
+    }))?;
+    api.patch(
+        "kubeadm:cluster-admins",
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&binding),
+    )
+    .await
+    .context("bind kubeadm:cluster-admins to cluster-admin in the tenant")?;
+    Ok(())
+}
+
+/// The names of the TCP Service, which Kamaji puts in the apiserver's
+/// serving certificate.
+fn service_names(kcp: &str, namespace: &str) -> Vec<String> {
+    vec![
+        kcp.to_string(),
+        format!("{kcp}.{namespace}"),
+        format!("{kcp}.{namespace}.svc"),
+        format!("{kcp}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// The four keys of Kamaji's `<tcp>-admin-kubeconfig`: `*.conf` against the
+/// public endpoint, `*.svc` against the TCP Service in the management
+/// cluster, for `kubernetes-admin` and `kubernetes-super-admin`.
+fn admin_kubeconfig_data(
+    kcp: &str,
+    namespace: &str,
+    public_server: &str,
+    service_port: u16,
+    ca: &CertificateAuthority,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let service_server = format!("https://{kcp}.{namespace}.svc:{service_port}");
+    let ca_pem = ca.cert_pem();
+    let mut data = BTreeMap::new();
+    for (stem, user, group) in [
+        ("admin", "kubernetes-admin", "kubeadm:cluster-admins"),
+        ("super-admin", "kubernetes-super-admin", "system:masters"),
+    ] {
+        let certificate = ca.issue_client(user, &[group])?;
+        let credentials = ClientCredentials {
+            user,
+            cert_pem: &certificate.cert_pem,
+            key_pem: &certificate.key_pem,
+        };
+        data.insert(
+            format!("{stem}.conf"),
+            render_kubeconfig(kcp, public_server, &ca_pem, &credentials),
+        );
+        data.insert(
+            format!("{stem}.svc"),
+            render_kubeconfig(kcp, &service_server, &ca_pem, &credentials),
+        );
+    }
+    Ok(data)
+}
+
+struct ClientCredentials<'a> {
+    user: &'a str,
+    cert_pem: &'a str,
+    key_pem: &'a str,
+}
+
+/// A kubeconfig as kubeadm writes one: the cluster named after the TCP
+/// (kubeadm's `clusterName`), the context `<user>@<cluster>`.
+fn render_kubeconfig(
+    cluster: &str,
+    server: &str,
+    ca_pem: &str,
+    credentials: &ClientCredentials<'_>,
+) -> String {
+    let user = credentials.user;
+    format!(
+        "apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: {ca}
+    server: {server}
+  name: {cluster}
+contexts:
+- context:
+    cluster: {cluster}
+    user: {user}
+  name: {user}@{cluster}
+current-context: {user}@{cluster}
+kind: Config
+preferences: {{}}
+users:
+- name: {user}
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+",
+        ca = BASE64.encode(ca_pem),
+        cert = BASE64.encode(credentials.cert_pem),
+        key = BASE64.encode(credentials.key_pem),
+    )
+}
+
+/// Labels Kamaji puts on the TCP's Secrets (`utilities.KamajiLabels`).
+fn kamaji_labels(tcp: &str, resource: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("kamaji.clastix.io/project".into(), "kamaji".into()),
+        ("kamaji.clastix.io/name".into(), tcp.into()),
+        ("kamaji.clastix.io/component".into(), resource.into()),
+        (
+            "kamaji.clastix.io/certificate_lifecycle_controller".into(),
+            "kubeconfig".into(),
+        ),
+    ])
+}
+
+/// Labels the provider puts on the CAPI Secrets it copies.
+fn capi_labels(cluster: &str, tcp: &str, secret: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("cluster.x-k8s.io/cluster-name".into(), cluster.into()),
+        ("kamaji.clastix.io/component".into(), "capi".into()),
+        ("kamaji.clastix.io/secret".into(), secret.into()),
+        ("kamaji.clastix.io/cluster".into(), cluster.into()),
+        ("kamaji.clastix.io/tcp".into(), tcp.into()),
+    ])
+}
+
+/// Writes Secrets owned (controller reference) by a KamajiControlPlane.
+struct Secrets<'a> {
+    client: &'a kube::Client,
+    owner: &'a DynamicObject,
+    namespace: &'a str,
+}
+
+impl Secrets<'_> {
+    /// Creates the Secret, or updates its data when it differs.
+    async fn ensure(
+        &self,
+        name: &str,
+        type_: Option<&str>,
+        labels: BTreeMap<String, String>,
+        data: &BTreeMap<String, String>,
+    ) -> anyhow::Result<()> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), self.namespace);
+        if let Some(existing) = secrets.get_opt(name).await? {
+            let current = existing.data.unwrap_or_default();
+            let same = data.len() == current.len()
+                && data
+                    .iter()
+                    .all(|(k, v)| current.get(k).map(|c| c.0.as_slice()) == Some(v.as_bytes()));
+            if !same {
+                secrets
+                    .patch(
+                        name,
+                        &patch_params(),
+                        &Patch::Merge(json!({ "stringData": data })),
+                    )
+                    .await
+                    .with_context(|| format!("update Secret {name}"))?;
+            }
             return Ok(());
         }
+        let mut secret = json!({
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "ownerReferences": [{
+                    "apiVersion": format!("{GROUP}/{VERSION}"),
+                    "kind": KAMAJI_CONTROL_PLANE_KIND,
+                    "name": self.owner.metadata.name,
+                    "uid": self.owner.metadata.uid,
+                    "controller": true,
+                    "blockOwnerDeletion": true,
+                }],
+            },
+            "stringData": data,
+        });
+        if let Some(type_) = type_ {
+            secret["type"] = json!(type_);
+        }
+        let secret: Secret = serde_json::from_value(secret)?;
         secrets
-            .patch(
-                &name,
-                &patch_params(),
-                &Patch::Merge(json!({ "stringData": { "value": kubeconfig } })),
-            )
+            .create(&PostParams::default(), &secret)
             .await
-            .context("update the kubeconfig Secret")?;
-        return Ok(());
+            .with_context(|| format!("create Secret {name}"))?;
+        Ok(())
     }
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": { "cluster.x-k8s.io/cluster-name": cluster },
-            "ownerReferences": [{
-                "apiVersion": format!("{GROUP}/{VERSION}"),
-                "kind": KAMAJI_CONTROL_PLANE_KIND,
-                "name": owner.metadata.name,
-                "uid": owner.metadata.uid,
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
-        },
-        "type": "cluster.x-k8s.io/secret",
-        "stringData": { "value": kubeconfig },
-    }))?;
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .context("create the kubeconfig Secret")?;
-    Ok(())
 }
 
 fn patch_params() -> PatchParams {
@@ -441,36 +1054,217 @@ fn split_endpoint(endpoint: &str) -> anyhow::Result<(String, u16)> {
     Ok((host.to_string(), port.parse()?))
 }
 
-/// The v1beta2 control plane contract status, as Kamaji's provider reports
-/// it for a tenant whose kube-apiserver answers.
-fn desired_status(object: &DynamicObject) -> Value {
-    let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(2);
-    let version = object.data["spec"]["version"].as_str().unwrap_or_default();
-    let generation = object.metadata.generation.unwrap_or_default();
-    let since = object.data["status"]["conditions"]
+/// `(major, minor, patch)` of `v1.34.2`, `1.34.2` or `v1.34` (patch 0).
+fn parse_version(version: &str) -> Option<(u32, u32, u32)> {
+    let version = version.trim();
+    let version = version.strip_prefix('v').unwrap_or(version);
+    // Build metadata and pre-release tags (`v1.35.0-rc.1`) do not change
+    // which build runs.
+    let core = version.split(['-', '+']).next()?;
+    let mut parts = core.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = match parts.next() {
+        Some(patch) => patch.parse().ok()?,
+        None => 0,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((major, minor, patch))
+}
+
+/// The supported minors, for messages: `v1.34, v1.35`.
+fn supported_minors() -> String {
+    KUBE_APISERVER_MINORS
+        .iter()
+        .map(|(minor, _)| format!("v1.{minor}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The kube-apiserver build for a KamajiControlPlane's `spec.version`, or
+/// why the simulator cannot run it.
+pub fn apiserver_for_version(version: &str) -> Result<Binary, String> {
+    let unsupported = || {
+        format!(
+            "spec.version {version:?}: the tenant control plane simulator runs Kubernetes {} \
+             only (the kube-apiserver builds of hack/upstream)",
+            supported_minors()
+        )
+    };
+    match parse_version(version) {
+        Some((1, minor, _)) => Binary::kube_apiserver_for_minor(minor).ok_or_else(unsupported),
+        _ => Err(unsupported()),
+    }
+}
+
+/// What a change of `spec.version` does to a running tenant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionChange {
+    /// Nothing: the tenant serves this version.
+    None,
+    /// Another patch of the minor that runs: the same build serves it.
+    Patch,
+    /// The next minor: restart the apiserver with this build.
+    Upgrade(Binary),
+    /// Refused, with the message (Kamaji's version webhook refuses
+    /// downgrades and skipped minors; the simulator refuses what it has
+    /// no build for).
+    Refused(String),
+}
+
+/// How a tenant serving `current` on `running` moves to `requested`.
+pub fn version_change(current: &str, running: Binary, requested: &str) -> VersionChange {
+    if current == requested {
+        return VersionChange::None;
+    }
+    let binary = match apiserver_for_version(requested) {
+        Ok(binary) => binary,
+        Err(message) => return VersionChange::Refused(message),
+    };
+    let (Some(from), Some(to)) = (parse_version(current), parse_version(requested)) else {
+        return VersionChange::Refused(format!("unable to parse the version {current:?}"));
+    };
+    // The messages of Kamaji's TCP version webhook.
+    if to < from {
+        return VersionChange::Refused(format!(
+            "unable to downgrade a TenantControlPlane from {current} to {requested}"
+        ));
+    }
+    if to.1 > from.1 + 1 {
+        return VersionChange::Refused(
+            "unable to upgrade to a minor version in a non-sequential mode".into(),
+        );
+    }
+    if binary == running {
+        VersionChange::Patch
+    } else {
+        VersionChange::Upgrade(binary)
+    }
+}
+
+/// The flag name of a kube-apiserver argument: `authorization-mode` for
+/// `--authorization-mode=RBAC`.
+fn flag_name(arg: &str) -> &str {
+    let arg = arg.trim().trim_start_matches('-');
+    arg.split_once('=').map_or(arg, |(name, _)| name)
+}
+
+/// Sorts a KamajiControlPlane's `spec.apiServer.extraArgs` into what the
+/// tenant kube-apiserver gets and what is dropped, and why. `exists` says
+/// whether a file path exists on this machine.
+pub fn split_extra_args(args: &[String], exists: impl Fn(&str) -> bool) -> ExtraArgs {
+    let mut out = ExtraArgs::default();
+    for arg in args {
+        let name = flag_name(arg);
+        if KAMAJI_OWNED_APISERVER_FLAGS.contains(&name) {
+            out.owned_by_kamaji.push(arg.clone());
+        } else if HARNESS_APISERVER_FLAGS.contains(&name) {
+            out.kept_by_harness.push(arg.clone());
+        } else if arg.split_once('=').is_some_and(|(_, value)| {
+            value
+                .split(',')
+                .any(|part| part.starts_with('/') && !exists(part))
+        }) {
+            out.missing_files.push(arg.clone());
+        } else {
+            out.passed.push(arg.clone());
+        }
+    }
+    out
+}
+
+/// A metav1 Condition, keeping `lastTransitionTime` from the current one
+/// while the status does not change.
+fn condition(
+    current: &Value,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: i64,
+) -> Value {
+    let status = if status { "True" } else { "False" };
+    let since = current
         .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .filter(|c| c["status"] == status)
         .and_then(|c| c["lastTransitionTime"].as_str())
         .map(str::to_string)
         .unwrap_or_else(now);
     json!({
-        "externalManagedControlPlane": true,
-        "initialization": { "controlPlaneInitialized": true },
-        "ready": true,
-        "version": version,
-        "replicas": replicas,
-        "readyReplicas": replicas,
-        "availableReplicas": replicas,
-        "upToDateReplicas": replicas,
-        "conditions": [{
-            "type": "Available",
-            "status": "True",
-            "reason": "Available",
-            "message": "",
-            "observedGeneration": generation,
-            "lastTransitionTime": since,
-        }],
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
     })
+}
+
+/// The v1beta2 control plane contract status, as Kamaji's provider reports
+/// it.
+fn desired_status(object: &DynamicObject, observed: &Observed) -> Value {
+    let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(2);
+    let generation = object.metadata.generation.unwrap_or_default();
+    let current = &object.data["status"]["conditions"];
+    let step = |type_: &str, failure: Option<&str>| match failure {
+        None => condition(current, type_, true, "Succeeded", "", generation),
+        Some(message) => condition(current, type_, false, "Failed", message, generation),
+    };
+    let available = |up: bool| {
+        let reason = if up { "Available" } else { "NotAvailable" };
+        condition(current, "Available", up, reason, "", generation)
+    };
+    match observed {
+        Observed::Serving { version, refused } => json!({
+            "externalManagedControlPlane": true,
+            "initialization": { "controlPlaneInitialized": true },
+            "ready": true,
+            "version": version,
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+            "upToDateReplicas": replicas,
+            "conditions": [
+                step("TenantControlPlaneCreated", refused.as_deref()),
+                step("TenantControlPlaneAddressReady", None),
+                step("ControlPlaneEndpointPatched", None),
+                step("KamajiControlPlaneIsInitialized", None),
+                step("KubeadmResourcesCreated", None),
+                step("KamajiControlPlaneIsReady", None),
+                available(true),
+            ],
+        }),
+        // The CRD requires `ready` and `version` in any status; the
+        // provider's Go struct writes them as `false` and `""` until the TCP
+        // is ready.
+        Observed::Refused { message } => json!({
+            "externalManagedControlPlane": true,
+            "ready": false,
+            "version": "",
+            "conditions": [
+                step("TenantControlPlaneCreated", Some(message)),
+                available(false),
+            ],
+        }),
+        Observed::WaitingForDataStore { message } => json!({
+            "externalManagedControlPlane": true,
+            "ready": false,
+            "version": "",
+            "conditions": [
+                step("TenantControlPlaneCreated", None),
+                step(
+                    "TenantControlPlaneAddressReady",
+                    Some(&format!(
+                        "Control Plane Endpoint is not yet available since unprocessed by Kamaji ({message})"
+                    )),
+                ),
+                available(false),
+            ],
+        }),
+    }
 }
 
 fn status_matches(current: &Value, desired: &Value) -> bool {
@@ -496,15 +1290,204 @@ mod tests {
         assert!(split_endpoint("https://127.0.0.1").is_err());
     }
 
+    fn kcp(version: &str) -> DynamicObject {
+        let mut object = DynamicObject::new("demo", &api_resource());
+        object.data = json!({ "spec": { "version": version, "replicas": 2 } });
+        object
+    }
+
     #[test]
     fn status_is_stable_once_written() {
-        let mut object = DynamicObject::new("demo", &api_resource());
-        object.data = json!({ "spec": { "version": "v1.35.0", "replicas": 2 } });
-        let first = desired_status(&object);
+        let mut object = kcp("v1.35.0");
+        let observed = Observed::Serving {
+            version: "v1.35.0".into(),
+            refused: None,
+        };
+        let first = desired_status(&object, &observed);
         object.data["status"] = first.clone();
         assert!(status_matches(
             &object.data["status"],
-            &desired_status(&object)
+            &desired_status(&object, &observed)
         ));
+    }
+
+    #[test]
+    fn serving_status_reports_the_served_version_and_a_refused_upgrade() {
+        let object = kcp("v1.33.0");
+        let status = desired_status(
+            &object,
+            &Observed::Serving {
+                version: "v1.34.2".into(),
+                refused: Some("no build".into()),
+            },
+        );
+        assert_eq!(status["version"], "v1.34.2");
+        assert_eq!(status["ready"], true);
+        let conditions = status["conditions"].as_array().unwrap();
+        let created = conditions
+            .iter()
+            .find(|c| c["type"] == "TenantControlPlaneCreated")
+            .unwrap();
+        assert_eq!(created["status"], "False");
+        assert_eq!(created["reason"], "Failed");
+        assert_eq!(created["message"], "no build");
+        let available = conditions
+            .iter()
+            .find(|c| c["type"] == "Available")
+            .unwrap();
+        assert_eq!(available["status"], "True");
+    }
+
+    #[test]
+    fn an_unsupported_version_starts_nothing_and_says_what_runs() {
+        let message = apiserver_for_version("v1.33.4").unwrap_err();
+        assert!(message.contains("v1.33.4"), "{message}");
+        assert!(message.contains("v1.34, v1.35"), "{message}");
+        let status = desired_status(&kcp("v1.33.4"), &Observed::Refused { message });
+        assert_eq!(status["ready"], false);
+        assert_eq!(status["version"], "");
+        assert!(status.get("initialization").is_none());
+        let conditions = status["conditions"].as_array().unwrap();
+        assert!(
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Available" && c["status"] == "False")
+        );
+        assert!(apiserver_for_version("2.35.0").is_err());
+        assert!(apiserver_for_version("").is_err());
+    }
+
+    #[test]
+    fn each_minor_picks_its_build() {
+        assert_eq!(apiserver_for_version("v1.35.0"), Ok(Binary::KubeApiserver));
+        assert_eq!(apiserver_for_version("1.35.4"), Ok(Binary::KubeApiserver));
+        assert_eq!(
+            apiserver_for_version("v1.34.2"),
+            Ok(Binary::KubeApiserverV1_34)
+        );
+        assert_eq!(
+            apiserver_for_version("v1.34"),
+            Ok(Binary::KubeApiserverV1_34)
+        );
+        assert_eq!(parse_version("v1.35.0-rc.1"), Some((1, 35, 0)));
+        assert_eq!(parse_version("v1.35.0.1"), None);
+    }
+
+    #[test]
+    fn version_changes_follow_kamajis_webhook() {
+        let v134 = Binary::KubeApiserverV1_34;
+        assert_eq!(
+            version_change("v1.34.2", v134, "v1.34.2"),
+            VersionChange::None
+        );
+        assert_eq!(
+            version_change("v1.34.2", v134, "v1.34.4"),
+            VersionChange::Patch
+        );
+        assert_eq!(
+            version_change("v1.34.2", v134, "v1.35.0"),
+            VersionChange::Upgrade(Binary::KubeApiserver)
+        );
+        let VersionChange::Refused(message) =
+            version_change("v1.35.0", Binary::KubeApiserver, "v1.34.2")
+        else {
+            panic!("a downgrade is refused");
+        };
+        assert!(message.contains("downgrade"), "{message}");
+        let VersionChange::Refused(message) = version_change("v1.34.2", v134, "v1.36.0") else {
+            panic!("an unsupported minor is refused");
+        };
+        assert!(message.contains("v1.36.0"), "{message}");
+    }
+
+    #[test]
+    fn extra_args_kamaji_owns_are_dropped() {
+        let args: Vec<String> = [
+            "--etcd-servers=https://elsewhere:2379",
+            "--enable-admission-plugins=NodeRestriction",
+            "--secure-port=443",
+            "--feature-gates=SomeGate=true",
+            "--authorization-mode=Node,RBAC",
+            "--audit-policy-file=/etc/kubernetes/audit/policy.yaml",
+            "--audit-log-maxage=3",
+            "--tls-sni-cert-key=/tmp/present.crt,/tmp/present.key",
+        ]
+        .map(String::from)
+        .to_vec();
+        let split = split_extra_args(&args, |path| path.starts_with("/tmp/"));
+        assert_eq!(
+            split.owned_by_kamaji,
+            [
+                "--etcd-servers=https://elsewhere:2379",
+                "--enable-admission-plugins=NodeRestriction",
+                "--secure-port=443"
+            ]
+        );
+        assert_eq!(split.kept_by_harness, ["--authorization-mode=Node,RBAC"]);
+        assert_eq!(
+            split.missing_files,
+            ["--audit-policy-file=/etc/kubernetes/audit/policy.yaml"]
+        );
+        assert_eq!(
+            split.passed,
+            [
+                "--feature-gates=SomeGate=true",
+                "--audit-log-maxage=3",
+                "--tls-sni-cert-key=/tmp/present.crt,/tmp/present.key"
+            ]
+        );
+        assert!(split.refused_by_apiserver.is_empty());
+    }
+
+    #[test]
+    fn admin_kubeconfigs_point_at_the_endpoint_and_the_service() {
+        let ca = CertificateAuthority::new("test-ca").unwrap();
+        let data = admin_kubeconfig_data(
+            "kubernetes-a",
+            "tenant-x",
+            "https://127.0.0.1:40001",
+            6443,
+            &ca,
+        )
+        .unwrap();
+        assert_eq!(
+            data.keys().collect::<Vec<_>>(),
+            [
+                "admin.conf",
+                "admin.svc",
+                "super-admin.conf",
+                "super-admin.svc"
+            ]
+        );
+        for (key, server, user) in [
+            ("admin.conf", "https://127.0.0.1:40001", "kubernetes-admin"),
+            (
+                "admin.svc",
+                "https://kubernetes-a.tenant-x.svc:6443",
+                "kubernetes-admin",
+            ),
+            (
+                "super-admin.conf",
+                "https://127.0.0.1:40001",
+                "kubernetes-super-admin",
+            ),
+            (
+                "super-admin.svc",
+                "https://kubernetes-a.tenant-x.svc:6443",
+                "kubernetes-super-admin",
+            ),
+        ] {
+            let config = kube::config::Kubeconfig::from_yaml(&data[key]).unwrap();
+            let cluster = config.clusters[0].cluster.as_ref().unwrap();
+            assert_eq!(cluster.server.as_deref(), Some(server), "{key}");
+            assert_eq!(config.clusters[0].name, "kubernetes-a");
+            assert_eq!(config.auth_infos[0].name, user, "{key}");
+            assert_eq!(
+                config.current_context.as_deref(),
+                Some(format!("{user}@kubernetes-a").as_str())
+            );
+            let ca_data = cluster.certificate_authority_data.as_deref().unwrap();
+            assert_eq!(BASE64.decode(ca_data).unwrap(), ca.cert_pem().as_bytes());
+        }
     }
 }

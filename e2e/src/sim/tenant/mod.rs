@@ -1,33 +1,67 @@
-//! The tenant side of a workload cluster: its control plane and its nodes.
+//! The tenant side of a workload cluster: its control plane, its etcd and
+//! its nodes.
 //!
-//! In production a tenant's control plane runs as pods (Kamaji) and its
-//! workers are VMs whose kubelets register Nodes with that control plane.
-//! Neither pods nor guests run here, so two simulators stand in:
+//! In production a tenant's control plane runs as pods (Kamaji) on an etcd
+//! the platform runs per tenant namespace (etcd-operator, registered with
+//! Kamaji as a DataStore), and its workers are VMs whose kubelets register
+//! Nodes with that control plane. Neither pods nor guests run here, so three
+//! simulators stand in:
 //!
 //! - [`KamajiControlPlaneSimulator`] plays Kamaji and its Cluster API
 //!   control plane provider for `KamajiControlPlane` objects: each one gets a
-//!   real kube-apiserver (a harness [`ControlPlane`](crate::ControlPlane)),
-//!   the `<cluster>-kubeconfig` Secret CAPI reads, its endpoint and the
-//!   v1beta2 control plane contract status.
+//!   real kube-apiserver of the Kubernetes minor it asks for (a harness
+//!   [`ControlPlane`](crate::ControlPlane)), upgraded in place when
+//!   `spec.version` moves to the next minor; Kamaji's
+//!   `<kcp>-admin-kubeconfig` Secret, the `<cluster>-kubeconfig` and
+//!   `<cluster>-ca` Secrets CAPI reads, its endpoint and the v1beta2 control
+//!   plane contract status.
+//! - [`EtcdSimulator`] plays etcd-operator for `EtcdCluster` objects and
+//!   Kamaji's DataStore controller for `DataStore` objects: available and
+//!   ready once the Secrets they reference exist, unavailable on demand.
 //! - [`NodeSimulator`] plays the kubelet of every worker VM the substrate
 //!   simulators run: when a guest is up and its bootstrap data is a Talos
 //!   config naming a tenant's endpoint, a Node registers there with the
 //!   providerID the infrastructure provider reports, and its heartbeat
 //!   (Node status and Lease) stays fresh while the guest runs.
 //!
-//! [`TenantClusters`] connects the two: the endpoints of running tenant
-//! control planes, which is what a kubelet looks up in its bootstrap data.
-//! `README.md` next to this file lists what is copied and what is left out.
+//! [`TenantClusters`] connects the first and the last: the endpoints of
+//! running tenant control planes, which is what a kubelet looks up in its
+//! bootstrap data. Each simulator's module documentation lists what it
+//! copies from upstream and what it leaves out.
+//!
+//! A test starts them against its management cluster's client:
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> anyhow::Result<()> {
+//! use tenantry_e2e::sim::tenant::*;
+//! let tenants = TenantClusters::new();
+//! let etcd = EtcdSimulator::start(client.clone()).await?;
+//! let kamaji = KamajiControlPlaneSimulator::start(
+//!     client.clone(),
+//!     tenants.clone(),
+//!     TenantControlPlaneOptions::default(),
+//! )
+//! .await?;
+//! kamaji.wait_for_data_stores(true); // optional: Kamaji waits for DataStores
+//! let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
+//! # Ok(()) }
+//! ```
 
 mod control_plane;
+mod etcd;
 mod kubelet;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 pub use control_plane::{
-    KAMAJI_CONTROL_PLANE_KIND, KamajiControlPlaneSimulator, TenantControlPlaneOptions,
-    install_crds as install_kamaji_crds,
+    ExtraArgs, KAMAJI_CONTROL_PLANE_KIND, KAMAJI_OWNED_APISERVER_FLAGS,
+    KamajiControlPlaneSimulator, TenantApiServer, TenantControlPlaneOptions, VersionChange,
+    apiserver_for_version, install_crds as install_kamaji_crds, split_extra_args, version_change,
+};
+pub use etcd::{
+    DATA_STORE_FINALIZER, ETCD_FAULT_ANNOTATION, EtcdFault, EtcdSimulator,
+    install_crds as install_etcd_crds, referenced_secrets as etcd_cluster_secrets,
 };
 pub use kubelet::{NodeFault, NodeSimConfig, NodeSimulator, SimulatedNode, TalosJoin};
 

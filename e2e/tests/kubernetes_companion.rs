@@ -1,0 +1,371 @@
+//! The companion end to end: a `Kubernetes` object becomes an etcd, a
+//! DataStore, a CAPI Cluster with its KamajiControlPlane, and a live tenant
+//! kube-apiserver of the requested version; a version change rolls it; a
+//! deletion leaves nothing behind. Real kube-apiserver, real CAPI core
+//! manager, tenantry with its webhooks; Kamaji and etcd-operator simulated
+//! (`e2e/src/sim/tenant/`), the tenant's apiserver a real one of the
+//! requested minor.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+use tenantry_api::tenant::Kubernetes;
+use tenantry_e2e::cluster_api::ClusterApiManager;
+use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
+use tenantry_e2e::sim::tenant::{EtcdFault, EtcdSimulator};
+use tenantry_e2e::sim::tenant::{
+    KamajiControlPlaneSimulator, TenantClusters, TenantControlPlaneOptions,
+};
+use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::upstream::{Binary, Upstream};
+use tenantry_e2e::wait;
+
+const NAMESPACE: &str = "tenant-a";
+const NAME: &str = "demo";
+/// Generous upper bound for a step; never the thing measured.
+const DEADLINE: Duration = Duration::from_secs(240);
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+struct World {
+    // Field order is drop order: controllers before the apiserver.
+    _tenantry: TenantryManager,
+    _etcd: EtcdSimulator,
+    kamaji: KamajiControlPlaneSimulator,
+    capi: ClusterApiManager,
+    control_plane: ControlPlane,
+}
+
+impl World {
+    async fn start() -> Self {
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: "management".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start control plane");
+        let client = control_plane.client();
+        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
+            .await
+            .expect("install tenantry CRDs");
+        let capi = ClusterApiManager::start(&control_plane)
+            .await
+            .expect("start the Cluster API manager");
+        let kamaji = KamajiControlPlaneSimulator::start(
+            client.clone(),
+            TenantClusters::new(),
+            TenantControlPlaneOptions::default(),
+        )
+        .await
+        .expect("start the Kamaji simulator");
+        // As under Kamaji: no tenant control plane before its DataStore.
+        kamaji.wait_for_data_stores(true);
+        let etcd = EtcdSimulator::start(client.clone())
+            .await
+            .expect("start the etcd simulator");
+        let tenantry = TenantryManager::start_with_webhooks(&control_plane)
+            .await
+            .expect("start tenantry");
+        Api::<Namespace>::all(client)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } })).unwrap(),
+            )
+            .await
+            .expect("create namespace");
+        Self {
+            _tenantry: tenantry,
+            _etcd: etcd,
+            kamaji,
+            capi,
+            control_plane,
+        }
+    }
+
+    fn kubernetes(&self) -> Api<Kubernetes> {
+        Api::namespaced(self.control_plane.client(), NAMESPACE)
+    }
+
+    fn fail(&self, error: anyhow::Error, status: Option<Value>) -> ! {
+        panic!(
+            "{error:#}\n---- Kubernetes status ----\n{}\n---- Cluster API manager log ----\n{}",
+            status.map(|s| s.to_string()).unwrap_or_default(),
+            self.capi.log_tail(30)
+        )
+    }
+
+    /// Waits until the object's condition `Ready` is True and `check`
+    /// holds on it.
+    async fn wait_ready(&self, what: &str, check: impl Fn(&Kubernetes) -> bool) -> Kubernetes {
+        let api = self.kubernetes();
+        let check = &check;
+        let result = wait::until(what, DEADLINE, || {
+            let api = api.clone();
+            async move {
+                let object = api.get(NAME).await?;
+                let ready = object
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_deref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .is_some_and(|c| c.status == "True");
+                Ok((ready && check(&object)).then_some(object))
+            }
+        })
+        .await;
+        match result {
+            Ok(object) => object,
+            Err(error) => {
+                let status = api
+                    .get(NAME)
+                    .await
+                    .ok()
+                    .and_then(|o| serde_json::to_value(o.status).ok());
+                self.fail(error, status)
+            }
+        }
+    }
+
+    /// `kubectl --kubeconfig <admin.conf> get --raw /version`, as a user would.
+    async fn tenant_version(&self) -> String {
+        let secrets: Api<Secret> = Api::namespaced(self.control_plane.client(), NAMESPACE);
+        let secret = secrets
+            .get("kubernetes-demo-admin-kubeconfig")
+            .await
+            .expect("admin kubeconfig Secret");
+        let data = secret.data.expect("Secret data");
+        for key in [
+            "admin.conf",
+            "admin.svc",
+            "super-admin.conf",
+            "super-admin.svc",
+        ] {
+            assert!(data.contains_key(key), "the Secret lacks {key}");
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("admin.conf");
+        std::fs::write(&path, &data["admin.conf"].0).expect("write admin.conf");
+        let kubectl = Upstream::locate()
+            .and_then(|u| u.binary(Binary::Kubectl))
+            .expect("kubectl");
+        let output = tokio::process::Command::new(kubectl)
+            .args([
+                "--kubeconfig",
+                &path.display().to_string(),
+                "get",
+                "--raw",
+                "/version",
+            ])
+            .output()
+            .await
+            .expect("run kubectl");
+        assert!(
+            output.status.success(),
+            "kubectl failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let version: Value = serde_json::from_slice(&output.stdout).expect("version JSON");
+        version["gitVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    async fn names(&self, resource: &ApiResource) -> Vec<String> {
+        Api::<DynamicObject>::namespaced_with(self.control_plane.client(), NAMESPACE, resource)
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|o| o.metadata.name)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[tokio::test]
+async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
+    let world = World::start().await;
+    let kubernetes: Kubernetes = serde_json::from_value(json!({
+        "apiVersion": "apps.tenantry.dev/v1alpha1",
+        "kind": "Kubernetes",
+        "metadata": { "name": NAME, "namespace": NAMESPACE },
+        "spec": { "version": "v1.34", "controlPlane": { "apiServer": {
+            "extraArgs": ["--enable-admission-plugins=NodeRestriction"],
+        } } },
+    }))
+    .expect("object");
+    world
+        .kubernetes()
+        .create(&PostParams::default(), &kubernetes)
+        .await
+        .expect("create Kubernetes");
+
+    // Up: etcd, the control plane, the kubeconfig, the requested minor.
+    let ready = world
+        .wait_ready("the cluster to be Ready on v1.34", |k| {
+            k.status.as_ref().and_then(|s| s.version.as_deref()) == Some("v1.34.9")
+        })
+        .await;
+    let status = ready.status.expect("status");
+    assert_eq!(
+        status.admin_kubeconfig_secret_name.as_deref(),
+        Some("kubernetes-demo-admin-kubeconfig")
+    );
+    assert!(
+        status
+            .endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("https://"))
+    );
+    let version = world.tenant_version().await;
+    assert!(version.starts_with("v1.34."), "the tenant serves {version}");
+    // The moved flag reached the control plane as a field.
+    let kcps = Api::<DynamicObject>::namespaced_with(
+        world.control_plane.client(),
+        NAMESPACE,
+        &resource(
+            "controlplane.cluster.x-k8s.io",
+            "v1alpha2",
+            "KamajiControlPlane",
+            "kamajicontrolplanes",
+        ),
+    );
+    let kcp = kcps
+        .get("kubernetes-demo")
+        .await
+        .expect("KamajiControlPlane");
+    assert_eq!(
+        kcp.data["spec"]["admissionControllers"],
+        json!(["NodeRestriction"])
+    );
+    assert_eq!(kcp.data["spec"]["dataStoreName"], NAMESPACE);
+
+    // etcd losing quorum shows on the object, and recovery clears it.
+    world
+        ._etcd
+        .inject_fault(NAMESPACE, "etcd", EtcdFault::QuorumLost);
+    wait::until("EtcdReady to turn False", DEADLINE, || async {
+        let object = world.kubernetes().get(NAME).await?;
+        let etcd = object
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "EtcdReady"));
+        Ok(etcd
+            .filter(|c| c.status == "False" && c.message.contains("QuorumLost"))
+            .map(|_| ()))
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e, None));
+    world._etcd.clear_fault(NAMESPACE, "etcd");
+    world
+        .wait_ready("the cluster to be Ready again", |_| true)
+        .await;
+
+    // A minor upgrade rolls the control plane.
+    world
+        .kubernetes()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "version": "v1.35" } })),
+        )
+        .await
+        .expect("upgrade");
+    world
+        .wait_ready("the cluster to be Ready on v1.35", |k| {
+            k.status.as_ref().and_then(|s| s.version.as_deref()) == Some("v1.35.4")
+        })
+        .await;
+    let version = world.tenant_version().await;
+    assert!(version.starts_with("v1.35."), "the tenant serves {version}");
+    assert!(world.kamaji.tenant("tenant-a", "kubernetes-demo").is_some());
+
+    // Deletion: nothing of the cluster or its etcd is left.
+    world
+        .kubernetes()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait::until("the Kubernetes object to be gone", DEADLINE, || async {
+        Ok(world
+            .kubernetes()
+            .get_opt(NAME)
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e, None));
+    let leftovers = [
+        resource("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
+        resource(
+            "controlplane.cluster.x-k8s.io",
+            "v1alpha2",
+            "KamajiControlPlane",
+            "kamajicontrolplanes",
+        ),
+        resource(
+            "infrastructure.cluster.x-k8s.io",
+            "v1alpha1",
+            "KubevirtCluster",
+            "kubevirtclusters",
+        ),
+        resource(
+            "etcd-operator.cozystack.io",
+            "v1alpha2",
+            "EtcdCluster",
+            "etcdclusters",
+        ),
+    ];
+    wait::until(
+        "every object of the cluster to be gone",
+        DEADLINE,
+        || async {
+            let mut left = Vec::new();
+            for resource in &leftovers {
+                left.extend(
+                    world
+                        .names(resource)
+                        .await
+                        .into_iter()
+                        .map(|n| format!("{}/{n}", resource.kind)),
+                );
+            }
+            let secrets: Api<Secret> = Api::namespaced(world.control_plane.client(), NAMESPACE);
+            left.extend(
+                secrets
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|s| s.metadata.name)
+                    .map(|n| format!("Secret/{n}")),
+            );
+            let stores: Api<DynamicObject> = Api::all_with(
+                world.control_plane.client(),
+                &resource("kamaji.clastix.io", "v1alpha1", "DataStore", "datastores"),
+            );
+            if stores.get_opt(NAMESPACE).await?.is_some() {
+                left.push(format!("DataStore/{NAMESPACE}"));
+            }
+            Ok(left.is_empty().then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e, None));
+    assert_eq!(
+        world.kamaji.running().await,
+        0,
+        "the tenant control plane stopped"
+    );
+}
