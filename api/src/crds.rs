@@ -18,6 +18,7 @@ use crate::remediation::{
     ProxmoxRemediationTemplate,
 };
 use crate::tenant::Kubernetes;
+use crate::tenant_nodes::KubernetesNodes;
 
 /// All of tenantry's CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
@@ -39,6 +40,8 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ProxmoxRemediationTemplate::crd(),
         // Every spec field has a default, so `spec: {}` is a whole cluster.
         spec_optional(Kubernetes::crd()),
+        // A pool must name its cluster, so its spec is required.
+        KubernetesNodes::crd(),
     ]
 }
 

@@ -13,3 +13,4 @@ pub mod kubevirt;
 pub mod proxmox;
 pub mod remediation;
 pub mod tenant;
+pub mod tenant_nodes;

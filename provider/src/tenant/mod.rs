@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod controller;
+pub mod nodes_admission;
 pub mod pki;
 pub mod reconcile;
 pub mod render;

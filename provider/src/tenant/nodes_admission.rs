@@ -1,0 +1,1173 @@
+//! Admission of `KubernetesNodes` pools beyond the CRD: the rules that need
+//! the parent `Kubernetes` object, the instance-type table or arithmetic on
+//! quantities, which CEL cannot express. The name shape
+//! (`<cluster>-<pool>`, at most 36 characters), the immutability of `cluster`
+//! and `storageClass`, minReplicas ≤ maxReplicas, resources set together, the
+//! Proxmox clone source, the duration shapes, `maxUnhealthy` and the removed
+//! `ephemeralStorage` are CEL rules in `tenantry_api::tenant_nodes`.
+//!
+//! [`validate`] decides a CREATE (`old` is None) or UPDATE of a pool, given
+//! its parent as the webhook found it: the `Kubernetes` object named in
+//! `spec.cluster`, in the pool's namespace, or None when there is none.
+//!
+//! What `<pool>` is: the object is named `<cluster>-<pool>`, as the
+//! Cozystack `kubernetes-nodes` chart names its releases and as its pool
+//! adoption names the pools it creates, so `<pool>` is the object's name
+//! without the `<cluster>-` prefix and the derived name
+//! `kubernetes-nodes-<cluster>-<pool>` is `kubernetes-nodes-<name>`. Taking
+//! the whole name as `<pool>` would let `demo-md0` and `md0` of the cluster
+//! demo claim the same objects.
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tenantry_api::tenant::{Kubernetes, Substrate};
+use tenantry_api::tenant_nodes::{
+    KubernetesNodes, MAX_DERIVED_NAME_LENGTH, NODES_NAME_PREFIX, default_reserved_memory_bytes,
+    default_reserved_millicpu, instance_type, instance_type_series, quantity_milli_value,
+};
+
+use crate::tenant::admission::{FieldError, Verdict};
+
+const NAME: &str = "metadata.name";
+const CLUSTER: &str = "spec.cluster";
+const STORAGE_CLASS: &str = "spec.storageClass";
+const VERSION: &str = "spec.version";
+const INSTANCE_TYPE: &str = "spec.instanceType";
+const DISK_SIZE: &str = "spec.diskSize";
+const RESOURCES_CPU: &str = "spec.resources.cpu";
+const RESOURCES_MEMORY: &str = "spec.resources.memory";
+const GPUS: &str = "spec.gpus";
+const KUBELET: &str = "spec.kubelet";
+const PROXMOX: &str = "spec.proxmox";
+
+/// How many minors a pool's kubelets may lag its control plane: Kubernetes'
+/// version skew policy lets a kubelet be up to three minors older than the
+/// kube-apiserver, never newer.
+const MAX_KUBELET_MINOR_LAG: u32 = 3;
+
+/// Memory the NVIDIA driver needs on a worker with GPUs (the reference
+/// chart's note on `gpus`), in bytes.
+const GPU_DRIVER_MEMORY_BYTES: i128 = 4 << 30;
+
+/// Thousandths of a byte in one byte, of a core in one core.
+const MILLI: i128 = 1_000;
+const MEBIBYTE_MILLI: i128 = (1 << 20) * MILLI;
+const GIBIBYTE_MILLI: i128 = (1 << 30) * MILLI;
+
+/// Decides a CREATE (`old` is None) or UPDATE of the pool `pool`, whose
+/// parent `Kubernetes` is `parent` (None: no such object in the pool's
+/// namespace).
+///
+/// An UPDATE that leaves the spec as it was (finalizers, labels,
+/// annotations), or of a pool being deleted, is always admitted: neither a
+/// parent deleted first nor a rule added in a later release may keep the
+/// pool's finalizer from being removed.
+pub fn validate(
+    pool: &KubernetesNodes,
+    old: Option<&KubernetesNodes>,
+    parent: Option<&Kubernetes>,
+) -> Verdict {
+    let mut verdict = Verdict::default();
+    if let Some(old) = old
+        && (pool.metadata.deletion_timestamp.is_some() || old.spec == pool.spec)
+    {
+        return verdict;
+    }
+    check_name(pool, &mut verdict);
+    let substrate = match parent {
+        None => {
+            refuse(
+                &mut verdict,
+                CLUSTER,
+                format!(
+                    "there is no Kubernetes {:?} in this namespace; a pool joins an existing cluster: create the Kubernetes object first, or name an existing one",
+                    pool.spec.cluster
+                ),
+            );
+            None
+        }
+        Some(parent) => {
+            check_parent(pool, old, parent, &mut verdict);
+            Some(parent.spec.substrate)
+        }
+    };
+    let size = check_worker_size(pool, substrate, &mut verdict);
+    check_disk_size(pool, substrate, &mut verdict);
+    if let Some(size) = &size {
+        check_kubelet(pool, size, &mut verdict);
+        if !pool.spec.gpus.is_empty() && size.memory < GPU_DRIVER_MEMORY_BYTES * MILLI {
+            verdict.warnings.push(format!(
+                "{GPUS}: the workers have {} of memory, and the NVIDIA driver needs at least 4Gi; size the workers up",
+                size.memory_text
+            ));
+        }
+    }
+    warn_about_remediation(pool, &mut verdict);
+    verdict
+}
+
+fn refuse(verdict: &mut Verdict, field: impl Into<String>, message: impl Into<String>) {
+    verdict.errors.push(FieldError {
+        field: field.into(),
+        message: message.into(),
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Name
+// ---------------------------------------------------------------------------
+
+/// The object is `<cluster>-<pool>` and `kubernetes-nodes-<cluster>-<pool>`
+/// fits 53 characters. The CRD's CEL rules say the same; this names the
+/// lengths.
+fn check_name(pool: &KubernetesNodes, verdict: &mut Verdict) {
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    let cluster = &pool.spec.cluster;
+    let Some(pool_name) = pool.pool_name() else {
+        refuse(
+            verdict,
+            NAME,
+            format!(
+                "{name:?} must be <cluster>-<pool>: {cluster:?}, a '-', then the pool name, e.g. {cluster}-md0"
+            ),
+        );
+        return;
+    };
+    let derived = format!("{NODES_NAME_PREFIX}{cluster}-{pool_name}");
+    if derived.len() > MAX_DERIVED_NAME_LENGTH {
+        refuse(
+            verdict,
+            NAME,
+            format!(
+                "the name derived for the pool, {derived:?}, has {} characters, more than {MAX_DERIVED_NAME_LENGTH}: shorten the pool name {pool_name:?} to at most {} characters",
+                derived.len(),
+                pool_name
+                    .len()
+                    .saturating_sub(derived.len() - MAX_DERIVED_NAME_LENGTH)
+            ),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The parent
+// ---------------------------------------------------------------------------
+
+fn check_parent(
+    pool: &KubernetesNodes,
+    old: Option<&KubernetesNodes>,
+    parent: &Kubernetes,
+    verdict: &mut Verdict,
+) {
+    let spec = &pool.spec;
+    let cluster = &spec.cluster;
+    if old.is_none() && parent.metadata.deletion_timestamp.is_some() {
+        refuse(
+            verdict,
+            CLUSTER,
+            format!("Kubernetes {cluster:?} is being deleted; a pool cannot join it"),
+        );
+    }
+
+    // Substrate: the pool's machine template is of its cluster's
+    // infrastructure kind; a mismatch leaves its Machines unreconciled.
+    match (parent.spec.substrate, &spec.proxmox) {
+        (Substrate::Proxmox, None) => refuse(
+            verdict,
+            PROXMOX,
+            format!(
+                "Kubernetes {cluster:?} runs its workers on Proxmox VE (substrate: proxmox), so the pool needs spec.proxmox: the resource pool its workers are cloned into (pool) and a clone source (templateSelector, or sourceNode with templateID)"
+            ),
+        ),
+        (Substrate::Kubevirt, Some(_)) => refuse(
+            verdict,
+            PROXMOX,
+            format!(
+                "Kubernetes {cluster:?} runs its workers on KubeVirt (substrate: kubevirt); spec.proxmox applies only to pools of clusters with substrate: proxmox; remove it"
+            ),
+        ),
+        _ => {}
+    }
+    if parent.spec.substrate == Substrate::Proxmox {
+        if !spec.gpus.is_empty() {
+            refuse(
+                verdict,
+                GPUS,
+                format!(
+                    "GPUs are passed through to KubeVirt workers only, and Kubernetes {cluster:?} runs its workers on Proxmox VE; remove spec.gpus"
+                ),
+            );
+        }
+        if spec.storage_class.is_some() {
+            verdict.warnings.push(format!(
+                "{STORAGE_CLASS} has no effect on Proxmox VE workers: their disks are cloned onto spec.proxmox.storage"
+            ));
+        }
+    }
+
+    // Version: kubelets never newer than the control plane, and at most
+    // three minors older.
+    if let Some(version) = spec.version {
+        let control_plane = parent.spec.version;
+        if version > control_plane {
+            refuse(
+                verdict,
+                VERSION,
+                format!(
+                    "{version} is newer than Kubernetes {cluster:?} ({control_plane}): kubelets may not be newer than their control plane; upgrade the cluster first, or leave spec.version unset to follow it"
+                ),
+            );
+        } else if control_plane.minor() - version.minor() > MAX_KUBELET_MINOR_LAG {
+            refuse(
+                verdict,
+                VERSION,
+                format!(
+                    "{version} is more than {MAX_KUBELET_MINOR_LAG} minors older than Kubernetes {cluster:?} ({control_plane}), beyond the kubelet's supported version skew; set v1.{} or newer, or leave spec.version unset to follow the cluster",
+                    control_plane.minor() - MAX_KUBELET_MINOR_LAG
+                ),
+            );
+        }
+    }
+
+    // storageClass may be written down after creation only as the class
+    // the workers already use, the cluster's.
+    if let Some(old) = old
+        && old.spec.storage_class.is_none()
+        && let Some(class) = &spec.storage_class
+        && class != &parent.spec.storage_class
+    {
+        refuse(
+            verdict,
+            STORAGE_CLASS,
+            format!(
+                "the pool's workers use the cluster's storageClass {:?}; spec.storageClass can be written down as that class but not changed, being immutable; create a new pool to use {class:?}",
+                parent.spec.storage_class
+            ),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Size of the workers
+// ---------------------------------------------------------------------------
+
+/// CPU and memory of each worker, in thousandths (millicores,
+/// thousandths of a byte), and how they were given, for messages.
+struct WorkerSize {
+    millicpu: i128,
+    memory: i128,
+    memory_text: String,
+    /// Where the size comes from: `instance type u1.medium` or
+    /// `resources`.
+    source: String,
+}
+
+/// Instance type or resources: one of them must size the workers. Returns
+/// the size when it is known and valid.
+fn check_worker_size(
+    pool: &KubernetesNodes,
+    substrate: Option<Substrate>,
+    verdict: &mut Verdict,
+) -> Option<WorkerSize> {
+    let spec = &pool.spec;
+    if let Some(resources) = &spec.resources
+        && let (Some(cpu), Some(memory)) = (&resources.cpu, &resources.memory)
+    {
+        let millicpu = positive_quantity(cpu)
+            .filter(|m| m % MILLI == 0)
+            .or_else(|| {
+                refuse(
+                    verdict,
+                    RESOURCES_CPU,
+                    format!(
+                        "{:?} is not a whole number of vCPUs; workers get whole vCPUs, e.g. 4",
+                        cpu.0
+                    ),
+                );
+                None
+            });
+        let memory_milli = positive_quantity(memory).or_else(|| {
+            refuse(
+                verdict,
+                RESOURCES_MEMORY,
+                format!(
+                    "{:?} is not a positive memory quantity such as 8Gi",
+                    memory.0
+                ),
+            );
+            None
+        });
+        if substrate == Some(Substrate::Proxmox)
+            && let Some(memory_milli) = memory_milli
+            && memory_milli % (8 * MEBIBYTE_MILLI) != 0
+        {
+            refuse(
+                verdict,
+                RESOURCES_MEMORY,
+                format!(
+                    "{:?} is not a multiple of 8Mi, which Proxmox VE needs for a VM's memory; round it, e.g. 8Gi",
+                    memory.0
+                ),
+            );
+            return None;
+        }
+        return Some(WorkerSize {
+            millicpu: millicpu?,
+            memory: memory_milli?,
+            memory_text: memory.0.clone(),
+            source: "resources".to_string(),
+        });
+    }
+    if spec.instance_type.is_empty() {
+        refuse(
+            verdict,
+            INSTANCE_TYPE,
+            "the workers need a size: set an instance type such as u1.medium, or resources.cpu and resources.memory",
+        );
+        return None;
+    }
+    let Some(known) = instance_type(&spec.instance_type) else {
+        refuse(
+            verdict,
+            INSTANCE_TYPE,
+            format!(
+                "{:?} is not an instance type the platform provides; use <series>.<size> with a series of {} (e.g. u1.medium, u1.large, m1.xlarge), or size the workers with resources.cpu and resources.memory",
+                spec.instance_type,
+                instance_type_series().join(", ")
+            ),
+        );
+        return None;
+    };
+    let amounts = known.resources();
+    Some(WorkerSize {
+        millicpu: i128::from(known.cpus) * MILLI,
+        memory: i128::from(known.memory_mib) * MEBIBYTE_MILLI,
+        memory_text: amounts.memory.0,
+        source: format!("instance type {known}"),
+    })
+}
+
+/// The value of a quantity in thousandths, when it is valid and above zero.
+fn positive_quantity(quantity: &Quantity) -> Option<i128> {
+    quantity_milli_value(&quantity.0).filter(|value| *value > 0)
+}
+
+fn check_disk_size(pool: &KubernetesNodes, substrate: Option<Substrate>, verdict: &mut Verdict) {
+    let disk = &pool.spec.disk_size;
+    let Some(size) = positive_quantity(disk) else {
+        refuse(
+            verdict,
+            DISK_SIZE,
+            format!(
+                "{:?} is not a positive size; the system disk holds the Talos image, kubelet state and the image cache: use e.g. 20Gi",
+                disk.0
+            ),
+        );
+        return;
+    };
+    if substrate == Some(Substrate::Proxmox) && size % GIBIBYTE_MILLI != 0 {
+        refuse(
+            verdict,
+            DISK_SIZE,
+            format!(
+                "{:?} is not a whole number of GiB, which Proxmox VE grows a boot disk by; use e.g. 20Gi",
+                disk.0
+            ),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Kubelet reservations
+// ---------------------------------------------------------------------------
+
+/// A memory eviction threshold.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Threshold {
+    /// A percentage of the worker's memory, in (0, 100].
+    Percent(f64),
+    /// An amount, in thousandths of a byte.
+    Amount(i128),
+}
+
+impl Threshold {
+    /// The threshold in thousandths of a byte on a worker with `memory`.
+    fn of(self, memory: i128) -> i128 {
+        match self {
+            // Exact enough: the percentages are short decimals and the
+            // result only feeds a comparison with the worker's memory.
+            Self::Percent(percent) => (memory as f64 * percent / 100.0).ceil() as i128,
+            Self::Amount(amount) => amount,
+        }
+    }
+}
+
+fn parse_threshold(key: &str, text: &str) -> Result<Threshold, String> {
+    if let Some(number) = text.strip_suffix('%') {
+        let valid = !number.is_empty()
+            && number.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            && number.matches('.').count() <= 1;
+        let percent: f64 = number
+            .parse()
+            .ok()
+            .filter(|_| valid)
+            .ok_or_else(|| format!("{text:?} is not a percentage such as 7%"))?;
+        if percent <= 0.0 || percent > 100.0 {
+            return Err(format!(
+                "{key} percentage must be greater than 0 and at most 100, got {text}"
+            ));
+        }
+        return Ok(Threshold::Percent(percent));
+    }
+    match quantity_milli_value(text) {
+        Some(amount) if amount > 0 => Ok(Threshold::Amount(amount)),
+        _ => Err(format!(
+            "{text:?} is neither a percentage (e.g. 7%) nor a positive memory quantity (e.g. 500Mi)"
+        )),
+    }
+}
+
+/// A reservation as the kubelet gets it: the one set, else the computed
+/// default; None when the one set is invalid (and refused).
+fn reservation(
+    key: &str,
+    set: Option<&Quantity>,
+    default: i128,
+    kind: &str,
+    verdict: &mut Verdict,
+) -> Option<(i128, String)> {
+    match set {
+        None => Some((default, "computed".to_string())),
+        Some(quantity) => match positive_quantity(quantity) {
+            Some(value) => Some((value, quantity.0.clone())),
+            None => {
+                refuse(
+                    verdict,
+                    format!("{KUBELET}.{key}"),
+                    format!(
+                        "{:?} is not a positive {kind} quantity; use e.g. {}",
+                        quantity.0,
+                        if kind == "CPU" { "100m" } else { "512Mi" }
+                    ),
+                );
+                None
+            }
+        },
+    }
+}
+
+/// The reference chart's rules: reservations valid and above zero,
+/// eviction thresholds of one kind with hard below soft, and reservations
+/// plus the hard threshold leaving memory (and CPU) for pods.
+fn check_kubelet(pool: &KubernetesNodes, size: &WorkerSize, verdict: &mut Verdict) {
+    let kubelet = &pool.spec.kubelet;
+    let memory_default = i128::try_from(default_reserved_memory_bytes(
+        size.memory.max(0) as u128 / 1_000,
+    ))
+    .unwrap_or(i128::MAX / MILLI)
+        * MILLI;
+    let cpu_default =
+        i128::try_from(default_reserved_millicpu(size.millicpu.max(0) as u128)).unwrap_or(0);
+    let system_memory = reservation(
+        "systemReservedMemory",
+        kubelet.system_reserved_memory.as_ref(),
+        memory_default,
+        "memory",
+        verdict,
+    );
+    let kube_memory = reservation(
+        "kubeReservedMemory",
+        kubelet.kube_reserved_memory.as_ref(),
+        memory_default,
+        "memory",
+        verdict,
+    );
+    let system_cpu = reservation(
+        "systemReservedCpu",
+        kubelet.system_reserved_cpu.as_ref(),
+        cpu_default,
+        "CPU",
+        verdict,
+    );
+    let kube_cpu = reservation(
+        "kubeReservedCpu",
+        kubelet.kube_reserved_cpu.as_ref(),
+        cpu_default,
+        "CPU",
+        verdict,
+    );
+    let hard = parse_threshold("evictionHardMemory", &kubelet.eviction_hard_memory)
+        .map_err(|message| refuse(verdict, format!("{KUBELET}.evictionHardMemory"), message))
+        .ok();
+    let soft = parse_threshold("evictionSoftMemory", &kubelet.eviction_soft_memory)
+        .map_err(|message| refuse(verdict, format!("{KUBELET}.evictionSoftMemory"), message))
+        .ok();
+
+    if let (Some(hard), Some(soft)) = (hard, soft) {
+        let (hard_text, soft_text) = (&kubelet.eviction_hard_memory, &kubelet.eviction_soft_memory);
+        let ordered = match (hard, soft) {
+            (Threshold::Percent(h), Threshold::Percent(s)) => Some(h < s),
+            (Threshold::Amount(h), Threshold::Amount(s)) => Some(h < s),
+            _ => None,
+        };
+        match ordered {
+            None => refuse(
+                verdict,
+                format!("{KUBELET}.evictionHardMemory"),
+                format!(
+                    "evictionHardMemory ({hard_text}) and evictionSoftMemory ({soft_text}) must be of the same kind: both percentages or both amounts"
+                ),
+            ),
+            Some(false) => refuse(
+                verdict,
+                format!("{KUBELET}.evictionHardMemory"),
+                format!(
+                    "evictionHardMemory ({hard_text}) must be below evictionSoftMemory ({soft_text}): the kubelet evicts at once below the hard threshold, after a grace period below the soft one"
+                ),
+            ),
+            Some(true) => {}
+        }
+    }
+
+    if let (Some((system, system_text)), Some((kube, kube_text)), Some(hard)) =
+        (&system_memory, &kube_memory, hard)
+    {
+        let total = system + kube + hard.of(size.memory);
+        if total >= size.memory {
+            refuse(
+                verdict,
+                KUBELET,
+                format!(
+                    "systemReservedMemory ({}) + kubeReservedMemory ({}) + evictionHardMemory ({}) = {} leave no memory for pods on workers with {} ({}); lower the reservations or size the workers up",
+                    shown(system_text, *system, mebibytes),
+                    shown(kube_text, *kube, mebibytes),
+                    kubelet.eviction_hard_memory,
+                    mebibytes(total),
+                    size.memory_text,
+                    size.source,
+                ),
+            );
+        }
+    }
+    if let (Some((system, system_text)), Some((kube, kube_text))) = (&system_cpu, &kube_cpu)
+        && system + kube >= size.millicpu
+    {
+        refuse(
+            verdict,
+            KUBELET,
+            format!(
+                "systemReservedCpu ({}) + kubeReservedCpu ({}) = {}m leave no CPU for pods on workers with {} vCPUs ({}); lower the reservations or size the workers up",
+                shown(system_text, *system, millicores),
+                shown(kube_text, *kube, millicores),
+                system + kube,
+                size.millicpu / MILLI,
+                size.source,
+            ),
+        );
+    }
+}
+
+/// A reservation for a message: as written, or `computed: <value>`.
+fn shown(text: &str, value: i128, format: fn(i128) -> String) -> String {
+    if text == "computed" {
+        format!("computed: {}", format(value))
+    } else {
+        text.to_string()
+    }
+}
+
+/// Thousandths of a byte as MiB, e.g. `256Mi` or `35.8Mi`.
+fn mebibytes(milli: i128) -> String {
+    let tenths = (milli * 10 + MEBIBYTE_MILLI - 1) / MEBIBYTE_MILLI;
+    if tenths % 10 == 0 {
+        format!("{}Mi", tenths / 10)
+    } else {
+        format!("{}.{}Mi", tenths / 10, tenths % 10)
+    }
+}
+
+fn millicores(milli: i128) -> String {
+    format!("{milli}m")
+}
+
+// ---------------------------------------------------------------------------
+// Warnings
+// ---------------------------------------------------------------------------
+
+/// A percentage `maxUnhealthy` is taken of the workers the check covers and
+/// rounded down; when even a full pool rounds to zero, the check never
+/// replaces a worker.
+fn warn_about_remediation(pool: &KubernetesNodes, verdict: &mut Verdict) {
+    let spec = &pool.spec;
+    let IntOrString::String(text) = &spec.node_health_check.max_unhealthy else {
+        return;
+    };
+    let Some(percent) = text.strip_suffix('%').and_then(|p| p.parse::<i64>().ok()) else {
+        return;
+    };
+    let most = i64::from(spec.max_replicas);
+    if percent > 0 && most > 0 && most * percent / 100 == 0 {
+        verdict.warnings.push(format!(
+            "spec.nodeHealthCheck.maxUnhealthy: {text} of at most {most} worker(s) rounds down to 0, so unhealthy workers of this pool are never replaced; set maxUnhealthy: 1 to replace one at a time"
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::json;
+    use tenantry_api::proxmox::TemplateSelector;
+    use tenantry_api::tenant::{KubernetesSpec, KubernetesVersion};
+    use tenantry_api::tenant_nodes::{
+        Gpu, KubernetesNodesSpec, ProxmoxPoolSettings, WorkerResources,
+    };
+
+    fn q(text: &str) -> Quantity {
+        Quantity(text.to_string())
+    }
+
+    fn parent(edit: impl FnOnce(&mut KubernetesSpec)) -> Kubernetes {
+        let mut spec = KubernetesSpec::default();
+        edit(&mut spec);
+        Kubernetes::new("demo", spec)
+    }
+
+    fn proxmox_parent() -> Kubernetes {
+        parent(|spec| spec.substrate = Substrate::Proxmox)
+    }
+
+    fn pool(edit: impl FnOnce(&mut KubernetesNodesSpec)) -> KubernetesNodes {
+        let mut spec = KubernetesNodesSpec::for_cluster("demo");
+        edit(&mut spec);
+        KubernetesNodes::new("demo-md0", spec)
+    }
+
+    fn proxmox_settings() -> ProxmoxPoolSettings {
+        ProxmoxPoolSettings {
+            pool: "tenant-demo".into(),
+            template_selector: Some(TemplateSelector {
+                match_tags: vec!["talos".into()],
+                match_policy: None,
+            }),
+            ..ProxmoxPoolSettings::default()
+        }
+    }
+
+    fn sized(cpu: &str, memory: &str) -> impl FnOnce(&mut KubernetesNodesSpec) {
+        let (cpu, memory) = (q(cpu), q(memory));
+        move |spec| {
+            spec.instance_type = String::new();
+            spec.resources = Some(WorkerResources {
+                cpu: Some(cpu),
+                memory: Some(memory),
+            });
+        }
+    }
+
+    struct Case {
+        name: &'static str,
+        pool: KubernetesNodes,
+        parent: Option<Kubernetes>,
+        /// (field, a phrase of its message)
+        errors: &'static [(&'static str, &'static str)],
+    }
+
+    fn check(cases: Vec<Case>) {
+        for case in cases {
+            let verdict = validate(&case.pool, None, case.parent.as_ref());
+            let got: Vec<&str> = verdict.errors.iter().map(|e| e.field.as_str()).collect();
+            let want: Vec<&str> = case.errors.iter().map(|(field, _)| *field).collect();
+            assert_eq!(got, want, "{}: {verdict:#?}", case.name);
+            for (error, (_, phrase)) in verdict.errors.iter().zip(case.errors) {
+                assert!(
+                    error.message.contains(phrase),
+                    "{}: {:?} lacks {phrase:?}",
+                    case.name,
+                    error.message
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_default_pool_of_an_existing_cluster_is_admitted_without_warnings() {
+        let verdict = validate(&pool(|_| {}), None, Some(&parent(|_| {})));
+        assert_eq!(verdict, Verdict::default());
+    }
+
+    #[test]
+    fn parent_and_name_rules() {
+        check(vec![
+            Case {
+                name: "a missing parent is refused naming spec.cluster",
+                pool: pool(|_| {}),
+                parent: None,
+                errors: &[(
+                    "spec.cluster",
+                    "there is no Kubernetes \"demo\" in this namespace",
+                )],
+            },
+            Case {
+                name: "a parent being deleted takes no new pools",
+                pool: pool(|_| {}),
+                parent: Some({
+                    let mut parent = parent(|_| {});
+                    parent.metadata.deletion_timestamp = Some(Time(Default::default()));
+                    parent
+                }),
+                errors: &[("spec.cluster", "is being deleted")],
+            },
+            Case {
+                name: "a name without the cluster prefix is refused",
+                pool: KubernetesNodes::new("md0", KubernetesNodesSpec::for_cluster("demo")),
+                parent: Some(parent(|_| {})),
+                errors: &[("metadata.name", "must be <cluster>-<pool>")],
+            },
+            Case {
+                name: "a derived name over 53 characters is refused with the room left",
+                pool: KubernetesNodes::new(
+                    &format!("{}-workers", "c".repeat(32)),
+                    KubernetesNodesSpec::for_cluster("c".repeat(32)),
+                ),
+                parent: Some(parent(|_| {})),
+                errors: &[(
+                    "metadata.name",
+                    "has 57 characters, more than 53: shorten the pool name \"workers\" to at most 3 characters",
+                )],
+            },
+            Case {
+                name: "the longest cluster name leaves a pool name of three",
+                pool: KubernetesNodes::new(
+                    &format!("{}-md0", "c".repeat(32)),
+                    KubernetesNodesSpec::for_cluster("c".repeat(32)),
+                ),
+                parent: Some(parent(|_| {})),
+                errors: &[],
+            },
+        ]);
+    }
+
+    #[test]
+    fn substrate_rules() {
+        check(vec![
+            Case {
+                name: "a Proxmox cluster's pool needs the proxmox block",
+                pool: pool(|_| {}),
+                parent: Some(proxmox_parent()),
+                errors: &[(
+                    "spec.proxmox",
+                    "substrate: proxmox), so the pool needs spec.proxmox",
+                )],
+            },
+            Case {
+                name: "a KubeVirt cluster's pool may not carry one",
+                pool: pool(|spec| spec.proxmox = Some(proxmox_settings())),
+                parent: Some(parent(|_| {})),
+                errors: &[(
+                    "spec.proxmox",
+                    "applies only to pools of clusters with substrate: proxmox",
+                )],
+            },
+            Case {
+                name: "a Proxmox pool with its block is admitted",
+                pool: pool(|spec| spec.proxmox = Some(proxmox_settings())),
+                parent: Some(proxmox_parent()),
+                errors: &[],
+            },
+            Case {
+                name: "GPUs only on KubeVirt",
+                pool: pool(|spec| {
+                    spec.proxmox = Some(proxmox_settings());
+                    spec.gpus = vec![Gpu {
+                        name: "nvidia.com/AD102GL_L40S".into(),
+                    }];
+                }),
+                parent: Some(proxmox_parent()),
+                errors: &[("spec.gpus", "KubeVirt workers only")],
+            },
+            Case {
+                name: "Proxmox grows disks in whole GiB",
+                pool: pool(|spec| {
+                    spec.proxmox = Some(proxmox_settings());
+                    spec.disk_size = q("20G");
+                }),
+                parent: Some(proxmox_parent()),
+                errors: &[("spec.diskSize", "not a whole number of GiB")],
+            },
+            Case {
+                name: "any positive disk size on KubeVirt",
+                pool: pool(|spec| spec.disk_size = q("20G")),
+                parent: Some(parent(|_| {})),
+                errors: &[],
+            },
+            Case {
+                name: "Proxmox memory in multiples of 8Mi",
+                pool: pool(|spec| {
+                    sized("2", "4100Mi")(spec);
+                    spec.proxmox = Some(proxmox_settings());
+                }),
+                parent: Some(proxmox_parent()),
+                errors: &[("spec.resources.memory", "not a multiple of 8Mi")],
+            },
+        ]);
+    }
+
+    #[test]
+    fn version_rules() {
+        let at = |version: KubernetesVersion| Some(parent(move |spec| spec.version = version));
+        check(vec![
+            Case {
+                name: "the cluster's minor",
+                pool: pool(|spec| spec.version = Some(KubernetesVersion::V1_34)),
+                parent: at(KubernetesVersion::V1_34),
+                errors: &[],
+            },
+            Case {
+                name: "three minors behind",
+                pool: pool(|spec| spec.version = Some(KubernetesVersion::V1_31)),
+                parent: at(KubernetesVersion::V1_34),
+                errors: &[],
+            },
+            Case {
+                name: "four minors behind",
+                pool: pool(|spec| spec.version = Some(KubernetesVersion::V1_31)),
+                parent: at(KubernetesVersion::V1_35),
+                errors: &[(
+                    "spec.version",
+                    "more than 3 minors older than Kubernetes \"demo\" (v1.35)",
+                )],
+            },
+            Case {
+                name: "newer than the cluster",
+                pool: pool(|spec| spec.version = Some(KubernetesVersion::V1_35)),
+                parent: at(KubernetesVersion::V1_34),
+                errors: &[(
+                    "spec.version",
+                    "v1.35 is newer than Kubernetes \"demo\" (v1.34)",
+                )],
+            },
+        ]);
+    }
+
+    #[test]
+    fn size_rules() {
+        let cluster = || Some(parent(|_| {}));
+        check(vec![
+            Case {
+                name: "every instance type of the table",
+                pool: pool(|spec| spec.instance_type = "m1.8xlarge1gi".into()),
+                parent: cluster(),
+                errors: &[],
+            },
+            Case {
+                name: "an unknown instance type",
+                pool: pool(|spec| spec.instance_type = "u1.3xlarge".into()),
+                parent: cluster(),
+                errors: &[(
+                    "spec.instanceType",
+                    "\"u1.3xlarge\" is not an instance type the platform provides; use <series>.<size> with a series of cx1, d1, gn1, m1, n1, o1, rt1, u1",
+                )],
+            },
+            Case {
+                name: "an unknown instance type is fine when resources size the workers",
+                pool: pool(|spec| {
+                    sized("2", "4Gi")(spec);
+                    spec.instance_type = "custom.type".into();
+                }),
+                parent: cluster(),
+                errors: &[],
+            },
+            Case {
+                name: "no size at all",
+                pool: pool(|spec| spec.instance_type = String::new()),
+                parent: cluster(),
+                errors: &[("spec.instanceType", "the workers need a size")],
+            },
+            Case {
+                name: "fractional vCPUs",
+                pool: pool(sized("1500m", "4Gi")),
+                parent: cluster(),
+                errors: &[("spec.resources.cpu", "not a whole number of vCPUs")],
+            },
+            Case {
+                name: "whole vCPUs in millicores",
+                pool: pool(sized("2000m", "4Gi")),
+                parent: cluster(),
+                errors: &[],
+            },
+            Case {
+                name: "zero and negative sizes",
+                pool: pool(|spec| {
+                    sized("0", "-1Gi")(spec);
+                    spec.disk_size = q("0");
+                }),
+                parent: cluster(),
+                errors: &[
+                    ("spec.resources.cpu", "\"0\" is not a whole number of vCPUs"),
+                    (
+                        "spec.resources.memory",
+                        "\"-1Gi\" is not a positive memory quantity",
+                    ),
+                    ("spec.diskSize", "\"0\" is not a positive size"),
+                ],
+            },
+        ]);
+    }
+
+    #[test]
+    fn kubelet_rules() {
+        let cluster = || Some(parent(|_| {}));
+        let kubelet = |edit: fn(&mut tenantry_api::tenant_nodes::KubeletReservations)| {
+            pool(move |spec| {
+                sized("2", "8Gi")(spec);
+                edit(&mut spec.kubelet);
+            })
+        };
+        check(vec![
+            Case {
+                name: "absolute thresholds with hard below soft",
+                pool: kubelet(|k| {
+                    k.eviction_hard_memory = "200Mi".into();
+                    k.eviction_soft_memory = "1Gi".into();
+                }),
+                parent: cluster(),
+                errors: &[],
+            },
+            Case {
+                name: "absolute thresholds with hard above soft",
+                pool: kubelet(|k| {
+                    k.eviction_hard_memory = "1Gi".into();
+                    k.eviction_soft_memory = "200Mi".into();
+                }),
+                parent: cluster(),
+                errors: &[(
+                    "spec.kubelet.evictionHardMemory",
+                    "evictionHardMemory (1Gi) must be below evictionSoftMemory (200Mi)",
+                )],
+            },
+            Case {
+                name: "equal percentages",
+                pool: kubelet(|k| {
+                    k.eviction_hard_memory = "10%".into();
+                }),
+                parent: cluster(),
+                errors: &[(
+                    "spec.kubelet.evictionHardMemory",
+                    "evictionHardMemory (10%) must be below evictionSoftMemory (10%)",
+                )],
+            },
+            Case {
+                name: "mixed kinds",
+                pool: kubelet(|k| {
+                    k.eviction_hard_memory = "1Gi".into();
+                }),
+                parent: cluster(),
+                errors: &[(
+                    "spec.kubelet.evictionHardMemory",
+                    "must be of the same kind: both percentages or both amounts",
+                )],
+            },
+            Case {
+                name: "percentages out of range",
+                pool: kubelet(|k| {
+                    k.eviction_hard_memory = "0%".into();
+                    k.eviction_soft_memory = "150%".into();
+                }),
+                parent: cluster(),
+                errors: &[
+                    (
+                        "spec.kubelet.evictionHardMemory",
+                        "evictionHardMemory percentage must be greater than 0 and at most 100, got 0%",
+                    ),
+                    (
+                        "spec.kubelet.evictionSoftMemory",
+                        "evictionSoftMemory percentage must be greater than 0 and at most 100, got 150%",
+                    ),
+                ],
+            },
+            Case {
+                name: "zero reservations",
+                pool: kubelet(|k| {
+                    k.system_reserved_memory = Some(q("0"));
+                    k.kube_reserved_cpu = Some(q("-100m"));
+                }),
+                parent: cluster(),
+                errors: &[
+                    (
+                        "spec.kubelet.systemReservedMemory",
+                        "\"0\" is not a positive memory quantity",
+                    ),
+                    (
+                        "spec.kubelet.kubeReservedCpu",
+                        "\"-100m\" is not a positive CPU quantity",
+                    ),
+                ],
+            },
+            Case {
+                name: "reservations eating the memory",
+                pool: kubelet(|k| {
+                    k.system_reserved_memory = Some(q("4Gi"));
+                    k.kube_reserved_memory = Some(q("4Gi"));
+                }),
+                parent: cluster(),
+                errors: &[(
+                    "spec.kubelet",
+                    "systemReservedMemory (4Gi) + kubeReservedMemory (4Gi) + evictionHardMemory (7%) = 8765.5Mi leave no memory for pods on workers with 8Gi (resources)",
+                )],
+            },
+            Case {
+                name: "reservations eating the CPU",
+                pool: kubelet(|k| {
+                    k.system_reserved_cpu = Some(q("1200m"));
+                    k.kube_reserved_cpu = Some(q("0.8"));
+                }),
+                parent: cluster(),
+                errors: &[(
+                    "spec.kubelet",
+                    "systemReservedCpu (1200m) + kubeReservedCpu (0.8) = 2000m leave no CPU for pods on workers with 2 vCPUs",
+                )],
+            },
+            Case {
+                name: "the computed reservations do not fit a 512Mi worker",
+                pool: pool(|spec| spec.instance_type = "u1.nano".into()),
+                parent: cluster(),
+                errors: &[(
+                    "spec.kubelet",
+                    "systemReservedMemory (computed: 256Mi) + kubeReservedMemory (computed: 256Mi) + evictionHardMemory (7%) = 547.9Mi leave no memory for pods on workers with 512Mi (instance type u1.nano)",
+                )],
+            },
+            Case {
+                name: "the computed reservations fit a 1Gi worker",
+                pool: pool(|spec| spec.instance_type = "u1.micro".into()),
+                parent: cluster(),
+                errors: &[],
+            },
+        ]);
+    }
+
+    #[test]
+    fn thresholds_parse_as_the_kubelet_reads_them() {
+        assert_eq!(parse_threshold("k", "7.5%"), Ok(Threshold::Percent(7.5)));
+        assert_eq!(parse_threshold("k", "100%"), Ok(Threshold::Percent(100.0)));
+        assert_eq!(
+            parse_threshold("k", "500Mi"),
+            Ok(Threshold::Amount(500 * MEBIBYTE_MILLI))
+        );
+        assert_eq!(
+            parse_threshold("k", "1e9"),
+            Ok(Threshold::Amount(1_000_000_000 * MILLI))
+        );
+        for bad in ["abc%", "-5%", "%", "1.2.3%", "banana", "0", "-1Gi"] {
+            assert!(parse_threshold("k", bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Threshold::Percent(50.0).of(4 * GIBIBYTE_MILLI),
+            2 * GIBIBYTE_MILLI
+        );
+        assert_eq!(mebibytes(256 * MEBIBYTE_MILLI), "256Mi");
+        assert_eq!(mebibytes(MEBIBYTE_MILLI * 7 / 2), "3.5Mi");
+    }
+
+    #[test]
+    fn storage_class_may_be_written_down_only_as_the_clusters() {
+        let old = pool(|_| {});
+        let cluster = parent(|_| {});
+        let same = pool(|spec| spec.storage_class = Some("replicated".into()));
+        assert!(validate(&same, Some(&old), Some(&cluster)).allowed());
+        let other = pool(|spec| spec.storage_class = Some("local".into()));
+        let verdict = validate(&other, Some(&old), Some(&cluster));
+        assert_eq!(verdict.errors.len(), 1, "{verdict:?}");
+        assert_eq!(verdict.errors[0].field, "spec.storageClass");
+        assert!(
+            verdict.errors[0]
+                .message
+                .contains("use the cluster's storageClass \"replicated\""),
+            "{verdict:?}"
+        );
+        // On create, any class.
+        assert!(validate(&other, None, Some(&cluster)).allowed());
+    }
+
+    #[test]
+    fn metadata_updates_and_deleting_pools_pass_even_without_a_parent() {
+        let old = pool(|_| {});
+        let mut new = old.clone();
+        new.metadata.finalizers = Some(vec![]);
+        assert_eq!(validate(&new, Some(&old), None), Verdict::default());
+
+        let mut deleting = pool(|spec| spec.min_replicas = 2);
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(validate(&deleting, Some(&old), None), Verdict::default());
+
+        // A spec change of a live pool still needs the parent.
+        let changed = pool(|spec| spec.min_replicas = 2);
+        assert!(!validate(&changed, Some(&old), None).allowed());
+        assert!(validate(&changed, Some(&old), Some(&parent(|_| {}))).allowed());
+    }
+
+    #[test]
+    fn warnings() {
+        let cluster = parent(|_| {});
+        let single = pool(|spec| {
+            spec.min_replicas = 1;
+            spec.max_replicas = 1;
+        });
+        let verdict = validate(&single, None, Some(&cluster));
+        assert!(verdict.allowed());
+        assert!(
+            verdict.warnings[0].contains("50% of at most 1 worker(s) rounds down to 0"),
+            "{verdict:?}"
+        );
+        let off = pool(|spec| {
+            spec.max_replicas = 1;
+            spec.node_health_check.max_unhealthy = IntOrString::String("0%".into());
+        });
+        assert!(validate(&off, None, Some(&cluster)).warnings.is_empty());
+
+        let small_gpu = pool(|spec| {
+            spec.instance_type = "u1.small".into();
+            spec.gpus = vec![Gpu {
+                name: "nvidia.com/AD102GL_L40S".into(),
+            }];
+        });
+        let verdict = validate(&small_gpu, None, Some(&cluster));
+        assert!(verdict.allowed());
+        assert!(
+            verdict.warnings[0].contains("the workers have 2Gi of memory"),
+            "{verdict:?}"
+        );
+
+        let proxmox_class = pool(|spec| {
+            spec.proxmox = Some(proxmox_settings());
+            spec.storage_class = Some("replicated".into());
+        });
+        let verdict = validate(&proxmox_class, None, Some(&proxmox_parent()));
+        assert!(verdict.allowed(), "{verdict:?}");
+        assert!(verdict.warnings[0].contains("no effect on Proxmox VE workers"));
+    }
+
+    #[test]
+    fn a_pool_from_yaml_is_checked_like_one_built_in_code() {
+        let pool: KubernetesNodes = serde_json::from_value(json!({
+            "apiVersion": "apps.tenantry.dev/v1alpha1",
+            "kind": "KubernetesNodes",
+            "metadata": { "name": "demo-gpu", "namespace": "tenant-a" },
+            "spec": {
+                "cluster": "demo",
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "instanceType": "u1.xlarge",
+                "diskSize": "50Gi",
+                "roles": ["ingress-nginx"],
+                "gpus": [{ "name": "nvidia.com/AD102GL_L40S" }],
+                "kubelet": { "systemReservedMemory": "1Gi", "evictionHardMemory": "5%" },
+                "nodeHealthCheck": { "maxUnhealthy": 1 }
+            }
+        }))
+        .unwrap();
+        let verdict = validate(&pool, None, Some(&parent(|_| {})));
+        assert_eq!(verdict, Verdict::default());
+    }
+}
