@@ -62,6 +62,9 @@ pub const DEFAULT_EVICTION_SOFT_MEMORY: &str = "10%";
 /// The role whose workers run the ingress-nginx addon.
 pub const INGRESS_NGINX_ROLE: &str = "ingress-nginx";
 
+/// The finalizer that keeps a pool until its workers and objects are gone.
+pub const KUBERNETES_NODES_FINALIZER: &str = "apps.tenantry.dev/kubernetes-nodes";
+
 /// Condition type: the pool's workers are up, as many Ready as desired.
 pub const WORKERS_READY_CONDITION: &str = "WorkersReady";
 /// Condition type summarising the others.

@@ -212,17 +212,43 @@ fn manager_role() -> Value {
         // watch both. Remediation annotates and deletes the Machine it
         // remediates.
         // tenant: the Kubernetes objects, their status and finalizer.
-        rule(&["apps.tenantry.dev"], &["kuberneteses"], WRITE),
+        // tenant: the Kubernetes objects and their KubernetesNodes pools,
+        // their status and finalizers.
         rule(
             &["apps.tenantry.dev"],
-            &["kuberneteses/status"],
+            &["kuberneteses", "kubernetesnodes"],
+            WRITE,
+        ),
+        rule(
+            &["apps.tenantry.dev"],
+            &["kuberneteses/status", "kubernetesnodes/status"],
             &["get", "patch", "update"],
         ),
         rule(
             &["apps.tenantry.dev"],
-            &["kuberneteses/finalizers"],
+            &["kuberneteses/finalizers", "kubernetesnodes/finalizers"],
             &["update"],
         ),
+        // tenant pools: what a KubernetesNodes becomes — its workers'
+        // MachineDeployment, MachineHealthCheck and Talos bootstrap template
+        // (the machine templates are tenantry's own kinds, above); the
+        // MachineSets still using an old machine template are read.
+        rule(
+            &["cluster.x-k8s.io"],
+            &["machinedeployments", "machinehealthchecks"],
+            WRITE,
+        ),
+        rule(&["cluster.x-k8s.io"], &["machinesets"], READ),
+        rule(
+            &["bootstrap.cluster.x-k8s.io"],
+            &["talosconfigtemplates"],
+            WRITE,
+        ),
+        // tenant: the Proxmox CSI controller and CCM of Proxmox tenants,
+        // run in their management namespace.
+        rule(&["apps"], &["deployments"], WRITE),
+        // tenant: the infrastructure StorageClasses offered to tenants.
+        rule(&["storage.k8s.io"], &["storageclasses"], READ),
         // tenant: what a Kubernetes object becomes — the CAPI Cluster, its
         // KamajiControlPlane, the namespace's etcd and its Kamaji DataStore.
         rule(&["cluster.x-k8s.io"], &["clusters"], WRITE),
@@ -245,8 +271,8 @@ fn manager_role() -> Value {
             &["machines"],
             &["get", "list", "watch", "patch", "delete"],
         ),
-        // proxmox/cluster: the MachineDeployments naming the cluster's templates.
-        rule(&["cluster.x-k8s.io"], &["machinedeployments"], READ),
+        // proxmox/cluster reads the MachineDeployments naming the cluster's
+        // templates (granted with the pools' rule above).
         // Bootstrap data, Proxmox credentials, infrastructure kubeconfigs (read);
         // the cluster SSH key pair and VM user data (written, deleted).
         rule(&[""], &["secrets"], WRITE),

@@ -64,6 +64,11 @@ struct RunArgs {
     /// Address of the health endpoints (/healthz, /readyz).
     #[arg(long, default_value = "0.0.0.0:9440")]
     health_addr: SocketAddr,
+    /// Key of Kamaji's <cluster>-admin-kubeconfig Secret used to reach
+    /// tenant clusters: super-admin.svc inside the management cluster,
+    /// super-admin.conf for a manager running outside it.
+    #[arg(long, default_value = "super-admin.svc")]
+    tenant_kubeconfig_key: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -95,6 +100,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
             bind: args.webhook_bind,
             cert_dir: args.webhook_cert_dir,
         }),
+        tenant_kubeconfig_key: Some(args.tenant_kubeconfig_key),
     };
     let health = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))

@@ -12,7 +12,7 @@ pub async fn run(client: kube::Client, config: ManagerConfig) {
     // Never completes: the manager's lifetime is the controllers'.
     let webhook = async {
         if let Some(webhook) = config.webhook.clone()
-            && let Err(error) = crate::webhook::serve(webhook).await
+            && let Err(error) = crate::webhook::serve(webhook, Some(client.clone())).await
         {
             tracing::error!(
                 error = format!("{error:#}"),
@@ -32,6 +32,7 @@ pub async fn run(client: kube::Client, config: ManagerConfig) {
             crate::remediation::run_kubevirt(context("kubevirtremediation")),
             crate::remediation::run_proxmox(context("proxmoxremediation")),
             crate::tenant::run(context("kubernetes")),
+            crate::tenant::pool_controller::run(context("kubernetesnodes")),
         );
     };
     tokio::select! {

@@ -32,6 +32,11 @@ pub struct ManagerConfig {
     pub instance: Option<String>,
     /// Serve the admission webhooks, when set.
     pub webhook: Option<crate::webhook::WebhookConfig>,
+    /// The key of Kamaji's `<cluster>-admin-kubeconfig` Secret tenantry
+    /// reaches tenant clusters with; `super-admin.svc` (the control plane's
+    /// Service, resolvable inside the management cluster) when unset. A
+    /// manager running outside the cluster uses `super-admin.conf`.
+    pub tenant_kubeconfig_key: Option<String>,
 }
 
 impl ManagerConfig {

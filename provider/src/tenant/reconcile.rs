@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource as _;
@@ -24,9 +25,12 @@ use tenantry_api::tenant::{
     CONTROL_PLANE_READY_CONDITION, ETCD_READY_CONDITION, Kubernetes, READY_CONDITION,
     WORKLOADS_READY_CONDITION, admin_kubeconfig_secret_name, cluster_name,
 };
+use tenantry_api::tenant_nodes::KubernetesNodes;
 
+use super::access;
 use super::pki;
 use super::render;
+use super::storage;
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::runtime::{self, Context, FIELD_MANAGER, ReconcileError};
 
@@ -89,7 +93,7 @@ impl From<kube::runtime::finalizer::Error<Error>> for Error {
     }
 }
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+pub(super) fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
@@ -204,7 +208,7 @@ async fn ensure_secret(
     }
 }
 
-fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+pub(super) fn secret_value(secret: &Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()
@@ -680,6 +684,14 @@ pub async fn apply(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action,
         "worker health is reported on each KubernetesNodes pool; this covers the control plane"
             .to_string(),
     );
+    if control_plane.is_true() {
+        if let Err(error) = ensure_tenant_storage_classes(ctx, &kubernetes).await {
+            tracing::warn!(%namespace, %name, %error, "the tenant's StorageClasses are not in place yet");
+        }
+        if kubernetes.spec.substrate == tenantry_api::tenant::Substrate::Proxmox {
+            ensure_proxmox_controllers(ctx, &kubernetes, &controller_owner).await?;
+        }
+    }
     let endpoint = endpoint_of(&kcp);
     let version = kcp["status"]["version"]
         .as_str()
@@ -700,16 +712,132 @@ pub async fn apply(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action,
     Ok(Action::requeue(if ready { RESYNC } else { POLL }))
 }
 
-async fn delete_if_present(api: &Api<DynamicObject>, name: &str) -> Result<bool, Error> {
+/// The tenant's StorageClasses (`storage.rs`), applied through the
+/// tenant's admin kubeconfig; classes tenantry made that are no longer
+/// offered are deleted.
+async fn ensure_tenant_storage_classes(
+    ctx: &Context,
+    kubernetes: &Kubernetes,
+) -> anyhow::Result<()> {
+    let name = kubernetes.metadata.name.as_deref().unwrap_or_default();
+    let namespace = kubernetes.metadata.namespace.as_deref().unwrap_or_default();
+    let infra = match kubernetes.spec.substrate {
+        tenantry_api::tenant::Substrate::Kubevirt => {
+            Api::<StorageClass>::all(ctx.client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+        }
+        tenantry_api::tenant::Substrate::Proxmox => Vec::new(),
+    };
+    let wanted = storage::tenant_storage_classes(kubernetes, &infra);
+    let tenant = access::tenant_client(&ctx.client, &ctx.config, namespace, name).await?;
+    let classes: Api<StorageClass> = Api::all(tenant);
+    let mut names = Vec::new();
+    for class in &wanted {
+        let class_name = class["metadata"]["name"].as_str().unwrap_or_default();
+        names.push(class_name.to_string());
+        classes
+            .patch(class_name, &apply_params(), &Patch::Apply(class))
+            .await?;
+    }
+    let managed = ListParams::default().labels(storage::MANAGED_LABEL);
+    for class in classes.list(&managed).await?.items {
+        let class_name = class.metadata.name.unwrap_or_default();
+        if !names.contains(&class_name) {
+            classes
+                .delete(&class_name, &DeleteParams::default())
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The Proxmox CSI controller and CCM in the management namespace, with
+/// their config Secrets composed here from the credentials Secrets. A
+/// missing credentials Secret is reported with the field that names it.
+async fn ensure_proxmox_controllers(
+    ctx: &Context,
+    kubernetes: &Kubernetes,
+    owner: &OwnerReference,
+) -> Result<(), Error> {
+    use super::proxmox_controllers::{self as controllers, ProxmoxController};
+    let name = kubernetes.metadata.name.as_deref().unwrap_or_default();
+    let namespace = kubernetes.metadata.namespace.as_deref().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let deployments = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apps", "v1", "Deployment"),
+        "deployments",
+    );
+    let mut wanted = vec![ProxmoxController::Ccm];
+    if controllers::csi_settings(kubernetes).is_some() {
+        wanted.push(ProxmoxController::Csi);
+    }
+    for controller in wanted {
+        let credentials_name = controller.credentials_secret(kubernetes);
+        let credentials = secrets.get_opt(&credentials_name).await?;
+        let value = |key: &str| credentials.as_ref().and_then(|s| secret_value(s, key));
+        let (Some(url), Some(token_id), Some(token_secret)) =
+            (value("url"), value("token_id"), value("token_secret"))
+        else {
+            ctx.event(
+                kubernetes,
+                EventType::Warning,
+                "ProxmoxCredentialsMissing",
+                format!(
+                    "{}: Secret {credentials_name} with keys url, token_id and token_secret is not there; the {} does not run until it is",
+                    controller.credentials_field(),
+                    controller.object_name(name)
+                ),
+            )
+            .await;
+            continue;
+        };
+        let config = controllers::cloud_config(
+            kubernetes,
+            &url,
+            &token_id,
+            &token_secret,
+            value("region").as_deref(),
+        );
+        let secret = with_owner(
+            controllers::config_secret(kubernetes, controller, &config),
+            owner,
+        );
+        secrets
+            .patch(
+                &controller.object_name(name),
+                &apply_params(),
+                &Patch::Apply(&secret),
+            )
+            .await?;
+        apply_dynamic(
+            &ctx.client,
+            Some(namespace),
+            &deployments,
+            &with_owner(controllers::deployment(kubernetes, controller), owner),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes an object in the background; whether it was there.
+pub(super) async fn delete_if_present(
+    api: &Api<DynamicObject>,
+    name: &str,
+) -> Result<bool, kube::Error> {
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-        Err(error) => Err(error.into()),
+        Err(error) => Err(error),
     }
 }
 
-/// Deletion in the safe order: the CAPI Cluster (CAPI takes its control
-/// plane and infrastructure cluster down, workers first) and its leftovers,
+/// Deletion in the safe order: the cluster's `KubernetesNodes` pools (their
+/// workers go while the tenant apiserver still answers), then the CAPI
+/// Cluster (CAPI takes its control plane and infrastructure cluster down)
+/// and its leftovers,
 /// then the cluster's own Secrets, then — when it was the namespace's last
 /// cluster — the etcd tenantry created and its DataStore.
 pub async fn cleanup(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action, Error> {
@@ -717,6 +845,34 @@ pub async fn cleanup(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Actio
     let name = kubernetes.metadata.name.clone().unwrap_or_default();
     let namespace = kubernetes.metadata.namespace.clone().unwrap_or_default();
     let cluster = cluster_name(&name);
+
+    let pools: Api<KubernetesNodes> = Api::namespaced(client.clone(), &namespace);
+    let own_pools: Vec<KubernetesNodes> = pools
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.spec.cluster == name)
+        .collect();
+    if !own_pools.is_empty() {
+        for pool in &own_pools {
+            if pool.metadata.deletion_timestamp.is_none() {
+                let pool_name = pool.metadata.name.clone().unwrap_or_default();
+                match pools.delete(&pool_name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
+        return Err(Error::Waiting(
+            format!(
+                "{} worker pools of {name} are being deleted first",
+                own_pools.len()
+            ),
+            POLL,
+        ));
+    }
 
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &cluster_resource());

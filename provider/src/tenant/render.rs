@@ -183,11 +183,19 @@ pub fn cluster(kubernetes: &Kubernetes) -> Value {
 pub fn infrastructure_cluster(kubernetes: &Kubernetes) -> Value {
     let name = kubernetes.metadata.name.as_deref().unwrap_or_default();
     let cluster = cluster_name(name);
-    let metadata = json!({
-        "name": cluster,
-        "labels": labels(name),
-        "annotations": { "cluster.x-k8s.io/managed-by": "kamaji" },
-    });
+    // The KubevirtCluster is Kamaji's (it writes the endpoint and marks it
+    // ready), so CAPI's externally-managed annotation keeps infrastructure
+    // providers off it. The ProxmoxCluster is tenantry's: it owns the
+    // workers' address pool; `externalManagedControlPlane` leaves the
+    // endpoint to Kamaji.
+    let metadata = match kubernetes.spec.substrate {
+        Substrate::Kubevirt => json!({
+            "name": cluster,
+            "labels": labels(name),
+            "annotations": { "cluster.x-k8s.io/managed-by": "kamaji" },
+        }),
+        Substrate::Proxmox => json!({ "name": cluster, "labels": labels(name) }),
+    };
     let namespace = kubernetes.metadata.namespace.as_deref().unwrap_or_default();
     match kubernetes.spec.substrate {
         Substrate::Kubevirt => json!({
@@ -580,9 +588,10 @@ mod tests {
         assert_eq!(infra["kind"], "ProxmoxCluster");
         assert_eq!(infra["spec"]["credentialsRef"]["name"], "pve");
         assert_eq!(infra["spec"]["ipv4Config"]["prefix"], 24);
-        assert_eq!(
-            infra["metadata"]["annotations"]["cluster.x-k8s.io/managed-by"],
-            "kamaji"
+        assert_eq!(infra["spec"]["externalManagedControlPlane"], true);
+        assert!(
+            infra["metadata"]["annotations"]["cluster.x-k8s.io/managed-by"].is_null(),
+            "tenantry reconciles the ProxmoxCluster (its address pool)"
         );
     }
 

@@ -17,6 +17,9 @@ pub const MUTATING_CONFIGURATION_NAME: &str = "tenantry-mutating-webhook-configu
 pub const KUBERNETES_MUTATING_PATH: &str = "/mutate-apps-tenantry-dev-v1alpha1-kubernetes";
 /// Path of the validating webhook of `Kubernetes` objects.
 pub const KUBERNETES_VALIDATING_PATH: &str = "/validate-apps-tenantry-dev-v1alpha1-kubernetes";
+/// Path of the validating webhook of `KubernetesNodes` pools.
+pub const KUBERNETES_NODES_VALIDATING_PATH: &str =
+    "/validate-apps-tenantry-dev-v1alpha1-kubernetesnodes";
 
 /// One validating webhook: which kind it guards and where it is served.
 pub struct ValidatingEndpoint {
@@ -87,6 +90,14 @@ pub const VALIDATING_ENDPOINTS: &[ValidatingEndpoint] = &[
         group: "apps.tenantry.dev",
         version: "v1alpha1",
         resource: "kuberneteses",
+        operations: &["CREATE", "UPDATE"],
+    },
+    ValidatingEndpoint {
+        name: "validation.kubernetesnodes.apps.tenantry.dev",
+        path: KUBERNETES_NODES_VALIDATING_PATH,
+        group: "apps.tenantry.dev",
+        version: "v1alpha1",
+        resource: "kubernetesnodes",
         operations: &["CREATE", "UPDATE"],
     },
 ];

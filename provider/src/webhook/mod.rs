@@ -2,10 +2,13 @@
 //! CEL rules cannot express. Today: infrastructure and remediation templates
 //! (KubeVirt and Proxmox) are immutable except for the dry-run requests of CAPI's
 //! topology controller; `Kubernetes` objects are defaulted (mutating) and
-//! validated against the rules of `tenant::admission`.
+//! validated against the rules of `tenant::admission`; `KubernetesNodes` pools
+//! are validated against `tenant::nodes_admission` with their parent looked
+//! up in the API.
 
 pub mod configuration;
 pub mod kubernetes;
+pub mod kubernetes_nodes;
 pub mod server;
 pub mod templates;
 

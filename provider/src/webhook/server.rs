@@ -10,6 +10,7 @@ use std::time::SystemTime;
 use anyhow::Context as _;
 use axum::Json;
 use axum::Router;
+use axum::extract::State;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
@@ -25,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::configuration::{MUTATING_ENDPOINTS, VALIDATING_ENDPOINTS};
 use super::kubernetes::{self, Decision};
+use super::kubernetes_nodes;
 use super::templates::{IMMUTABLE_TEMPLATE_KINDS, validate_template_update};
 
 /// Where and with which certificate the webhooks are served.
@@ -36,8 +38,9 @@ pub struct WebhookConfig {
     pub cert_dir: PathBuf,
 }
 
-/// Serves the webhooks until the task is dropped.
-pub async fn serve(config: WebhookConfig) -> anyhow::Result<()> {
+/// Serves the webhooks until the task is dropped. `client` looks up what
+/// a decision depends on (a pool's parent cluster).
+pub async fn serve(config: WebhookConfig, client: Option<kube::Client>) -> anyhow::Result<()> {
     let resolver = Arc::new(ReloadingCertificate::new(&config.cert_dir)?);
     let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -52,7 +55,7 @@ pub async fn serve(config: WebhookConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", config.bind))?;
     tracing::info!(address = %config.bind, "serving admission webhooks");
-    let app = router();
+    let app = router(client);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -84,7 +87,7 @@ pub async fn serve(config: WebhookConfig) -> anyhow::Result<()> {
 
 /// The HTTP routes: one per validating and mutating endpoint, plus a
 /// health check.
-pub fn router() -> Router {
+pub fn router(client: Option<kube::Client>) -> Router {
     let mut router = Router::new().route("/healthz", get(|| async { "ok" }));
     for endpoint in VALIDATING_ENDPOINTS {
         router = router.route(endpoint.path, post(validate));
@@ -92,17 +95,22 @@ pub fn router() -> Router {
     for endpoint in MUTATING_ENDPOINTS {
         router = router.route(endpoint.path, post(mutate));
     }
-    router
+    router.with_state(client)
 }
 
 async fn validate(
+    State(client): State<Option<kube::Client>>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
         Err(error) => return Json(AdmissionResponse::invalid(error.to_string()).into_review()),
     };
-    let decision = decide(&request);
+    let decision = if request.kind.kind == "KubernetesNodes" {
+        kubernetes_nodes::validate(&request, client.as_ref()).await
+    } else {
+        decide(&request)
+    };
     let mut response = AdmissionResponse::from(&request);
     if let Some(message) = decision.denied {
         response = response.deny(message);

@@ -1,0 +1,72 @@
+//! Wiring of the `KubernetesNodes` controller: the pools, and the
+//! MachineDeployments they own (so status follows CAPI's counts), and the
+//! parent `Kubernetes` objects (a change there re-renders every pool of the
+//! cluster).
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::Event as Finalizer;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use tenantry_api::tenant::Kubernetes;
+use tenantry_api::tenant_nodes::{KUBERNETES_NODES_FINALIZER, KubernetesNodes};
+
+use super::pool_reconcile::{self, Error};
+use crate::runtime::{self, Context};
+
+/// Runs the controller until shutdown.
+pub async fn run(base: Arc<Context>) {
+    let client = base.client.clone();
+    let config = base.config.clone();
+    let pools: Api<KubernetesNodes> = config.api(&client);
+    let deployments: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &pool_reconcile::machine_deployment_resource(),
+    );
+    let controller = Controller::new(pools, config.watcher_config());
+    let store = controller.store();
+    // A change of the parent (talos.*, version) changes what its pools
+    // render: every pool naming it is reconciled.
+    let parents: Api<Kubernetes> = config.api(&client);
+    controller
+        .watches(parents, watcher::Config::default(), move |parent| {
+            let name = parent.metadata.name.clone().unwrap_or_default();
+            let namespace = parent.metadata.namespace.clone();
+            store
+                .state()
+                .into_iter()
+                .filter(|pool| pool.spec.cluster == name && pool.metadata.namespace == namespace)
+                .map(|pool| ObjectRef::from_obj(pool.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .owns_with(
+            deployments,
+            pool_reconcile::machine_deployment_resource(),
+            watcher::Config::default().labels(super::pool::POOL_LABEL),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, base)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "KubernetesNodes reconcile ended with an error");
+            }
+        })
+        .await;
+}
+
+async fn reconcile(object: Arc<KubernetesNodes>, ctx: Arc<Context>) -> Result<Action, Error> {
+    runtime::reconcile_with_finalizer(&ctx, object, KUBERNETES_NODES_FINALIZER, |event| async {
+        match event {
+            Finalizer::Apply(pool) => pool_reconcile::apply_pool(pool, &ctx).await,
+            Finalizer::Cleanup(pool) => pool_reconcile::cleanup_pool(pool, &ctx).await,
+        }
+    })
+    .await
+}
+
+fn error_policy(object: Arc<KubernetesNodes>, error: &Error, ctx: Arc<Context>) -> Action {
+    runtime::error_policy(object, error, ctx)
+}
