@@ -29,10 +29,20 @@ pub struct TenantryManager {
     task: Option<JoinHandle<()>>,
 }
 
+/// The settings of a manager running outside the management cluster, as
+/// here: tenant clusters are reached through their public endpoint
+/// (`super-admin.conf`), since no cluster DNS resolves their Services.
+pub fn out_of_cluster() -> ManagerConfig {
+    ManagerConfig {
+        tenant_kubeconfig_key: Some("super-admin.conf".into()),
+        ..Default::default()
+    }
+}
+
 impl TenantryManager {
     /// Starts all controllers with the given client.
     pub fn start(client: kube::Client) -> Self {
-        Self::start_with(client, ManagerConfig::default())
+        Self::start_with(client, out_of_cluster())
     }
 
     /// Starts all controllers with the given settings.
@@ -64,7 +74,7 @@ impl TenantryManager {
                 bind: ([127, 0, 0, 1], port).into(),
                 cert_dir,
             }),
-            ..Default::default()
+            ..out_of_cluster()
         };
         let manager = Self::start_with(control_plane.client(), config);
         wait::until(

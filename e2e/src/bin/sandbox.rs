@@ -1,6 +1,7 @@
 //! The local sandbox: a real control plane with the Cluster API core
-//! manager, tenantry, the KubeVirt/CDI simulator, Kamaji (simulated) and a
-//! demo workload cluster whose MachineDeployment runs Talos workers,
+//! manager, tenantry, the KubeVirt/CDI simulator, Kamaji, etcd-operator and
+//! CABPT (simulated) and a demo tenant cluster — a `Kubernetes` object and a
+//! `KubernetesNodes` pool whose Talos workers join it —
 //! running until Ctrl-C or SIGTERM. `hack/sandbox.sh` builds what is
 //! missing and runs this.
 
@@ -17,8 +18,8 @@ use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
 use tenantry_e2e::sim::tenant::{
-    KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator, TenantClusters,
-    TenantControlPlaneOptions,
+    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator,
+    TalosBootstrapSimulator, TenantClusters, TenantControlPlaneOptions,
 };
 use tenantry_e2e::tenantry::TenantryManager;
 use tenantry_e2e::{
@@ -26,8 +27,8 @@ use tenantry_e2e::{
 };
 use tokio::signal::unix::{SignalKind, signal};
 
-const KUBERNETES_VERSION: &str = "v1.35.0";
-const TALOS_VERSION: &str = "v1.13.0";
+const KUBERNETES_VERSION: &str = "v1.35";
+const TALOS_VERSION: &str = "v1.13.6";
 
 #[derive(Parser, Debug)]
 #[command(about = "Run tenantry's local sandbox until Ctrl-C or SIGTERM")]
@@ -43,7 +44,7 @@ struct Args {
     /// but create no demo cluster.
     #[arg(long)]
     no_demo: bool,
-    /// Workers of the demo cluster's MachineDeployment.
+    /// Workers of the demo cluster's pool (its minReplicas).
     #[arg(long, default_value_t = 3)]
     workers: u32,
 }
@@ -52,8 +53,10 @@ struct Args {
 /// order is stop order.
 struct Demo {
     nodes: NodeSimulator,
-    kamaji: KamajiControlPlaneSimulator,
+    cabpt: TalosBootstrapSimulator,
     _tenantry: TenantryManager,
+    etcd: EtcdSimulator,
+    kamaji: KamajiControlPlaneSimulator,
     _kubevirt: KubevirtSimulator,
     factory: ImageFactory,
 }
@@ -151,6 +154,8 @@ async fn main() -> anyhow::Result<()> {
     println!("stopping");
     if let Some(demo) = demo {
         demo.nodes.stop().await;
+        demo.cabpt.stop().await;
+        demo.etcd.stop().await;
         demo.kamaji.stop().await;
     }
     if let Some(manager) = cluster_api {
@@ -176,7 +181,7 @@ async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> 
         .await
         .context("start the KubeVirt simulator")?;
     let factory = ImageFactory::start(ImageFactoryConfig {
-        versions: vec![TALOS_VERSION.into()],
+        versions: vec![TALOS_VERSION.into(), "v1.13.7".into()],
         ..Default::default()
     })
     .await
@@ -189,14 +194,31 @@ async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> 
     )
     .await
     .context("start the Kamaji simulator")?;
-    let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
+    kamaji.wait_for_data_stores(true);
+    let etcd = EtcdSimulator::start(client.clone())
+        .await
+        .context("start the etcd simulator")?;
+    let cabpt = TalosBootstrapSimulator::start(client.clone())
+        .await
+        .context("start the CABPT simulator")?;
+    let nodes = NodeSimulator::start(
+        tenants,
+        NodeSimConfig {
+            verify_join: true,
+            ..Default::default()
+        },
+    );
     nodes.follow_kubevirt(client.clone());
-    let tenantry = TenantryManager::start(client);
-    println!("tenantry, KubeVirt/CDI, Kamaji and kubelet simulators running");
+    let tenantry = TenantryManager::start_with_webhooks(control_plane)
+        .await
+        .context("start tenantry")?;
+    println!("tenantry, KubeVirt/CDI, Kamaji, etcd, CABPT and kubelet simulators running");
     Ok(Demo {
         nodes,
-        kamaji,
+        cabpt,
         _tenantry: tenantry,
+        etcd,
+        kamaji,
         _kubevirt: kubevirt,
         factory,
     })
@@ -212,46 +234,43 @@ async fn run_demo(
     kubeconfig_dir: &Path,
 ) -> anyhow::Result<()> {
     let client = control_plane.client();
-    for document in cluster.cluster_documents() {
-        tenantry_e2e::manifests::apply_object(&client, &document, &cluster.namespace).await?;
-    }
+    tenantry_e2e::manifests::apply_object(&client, &cluster.kubernetes(), &cluster.namespace)
+        .await?;
+    tenantry_e2e::manifests::apply_object(&client, &cluster.nodes(), &cluster.namespace).await?;
     println!(
-        "demo cluster {}/{}: waiting for its Kamaji control plane",
-        cluster.namespace, cluster.name
+        "Kubernetes {ns}/{name} and its pool {ns}/{pool} ({workers} workers) created; waiting for the control plane",
+        ns = cluster.namespace,
+        name = cluster.name,
+        pool = cluster.pool(),
+        workers = cluster.workers,
     );
     let tenant = loop {
-        if let Some(tenant) = demo.kamaji.tenant(&cluster.namespace, &cluster.name) {
+        if let Some(tenant) = demo
+            .kamaji
+            .tenant(&cluster.namespace, &cluster.capi_cluster())
+        {
             break tenant;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    // What a user downloads: admin.conf from the admin kubeconfig Secret.
     let tenant_kubeconfig = kubeconfig_dir.join(format!("{}.kubeconfig", cluster.name));
-    let secret: k8s_openapi::api::core::v1::Secret = loop {
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(client.clone(), &cluster.namespace);
-        if let Some(secret) = secrets
-            .get_opt(&format!("{}-kubeconfig", cluster.name))
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), &cluster.namespace);
+    let value = loop {
+        if let Some(value) = secrets
+            .get_opt(&cluster.admin_kubeconfig_secret())
             .await?
+            .and_then(|s| s.data)
+            .and_then(|d| d.get("admin.conf").cloned())
         {
-            break secret;
+            break value;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let value = secret
-        .data
-        .and_then(|d| d.get("value").cloned())
-        .context("kubeconfig Secret without value")?;
     std::fs::write(&tenant_kubeconfig, value.0)
         .with_context(|| format!("write {}", tenant_kubeconfig.display()))?;
     println!("tenant control plane at {}", tenant.endpoint);
-    for document in cluster.worker_documents(&tenant.endpoint) {
-        tenantry_e2e::manifests::apply_object(&client, &document, &cluster.namespace).await?;
-    }
-    println!(
-        "MachineDeployment {} with {} KubeVirt workers created",
-        cluster.deployment(),
-        cluster.workers
-    );
 
     let machines: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
@@ -296,10 +315,11 @@ async fn run_demo(
     }
     let kubectl = kubectl.display();
     println!(
-        "all {} workers are up. Try:\n  {kubectl} get cluster,machinedeployment,machines,kubevirtmachines,vms\n  {kubectl} --kubeconfig {} get nodes -o wide\nscale the workers:\n  {kubectl} scale machinedeployment {} --replicas=5\ninject a fault:\n  {kubectl} annotate vmi <worker> sim.tenantry.dev/fail=",
+        "all {} workers are up. Try:\n  {kubectl} get kubernetes,kubernetesnodes,machinedeployment,machines,kubevirtmachines,vms\n  {kubectl} --kubeconfig {} get nodes -o wide\nadd workers:\n  {kubectl} patch kubernetesnodes {} --type merge -p '{{\"spec\":{{\"minReplicas\":5}}}}'\nroll them to another Talos:\n  {kubectl} patch kubernetes {} --type merge -p '{{\"spec\":{{\"talos\":{{\"version\":\"v1.13.7\"}}}}}}'\ninject a fault:\n  {kubectl} annotate vmi <worker> sim.tenantry.dev/fail=",
         cluster.workers,
         tenant_kubeconfig.display(),
-        cluster.deployment(),
+        cluster.pool(),
+        cluster.name,
     );
     Ok(())
 }

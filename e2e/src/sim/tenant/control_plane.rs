@@ -40,6 +40,18 @@
 //!   ClusterCache reads); `<cluster>-ca` (`tls.crt`/`tls.key`, the tenant
 //!   CA, as the provider copies it from `<tcp>-ca`). The apiserver's serving
 //!   certificate also names `<kcp>.<ns>.svc` and friends, as Kamaji's does.
+//! - **The TCP Service**: `<kcp>` in the KamajiControlPlane's namespace,
+//!   owned by it, as Kamaji writes it from what the provider copies out of
+//!   `spec.network`: port `kube-apiserver` (the Service port above), then
+//!   `additionalServicePorts` (e.g. `talos-trustd` 50001), of `serviceType`
+//!   (default `LoadBalancer`), with `serviceLabels`/`serviceAnnotations`;
+//!   deleted when the tenant stops. The management apiserver allocates its
+//!   ClusterIP, but nothing routes to it and no pod backs it: workers reach
+//!   the tenant because [`TenantClusters`](super::TenantClusters) also
+//!   registers it under `<kcp>.<ns>.svc:<port>` and
+//!   `<kcp>.<ns>.svc.cluster.local:<port>`, playing the part of a worker's
+//!   hosts entry (Talos `machine.network.extraHostEntries` mapping the
+//!   ClusterIP to that name) and of the Service together.
 //! - **`spec.apiServer.extraArgs`**: flags Kamaji sets itself are dropped, as
 //!   Kamaji's `mergeAPIServerArgs` does ([`KAMAJI_OWNED_APISERVER_FLAGS`]);
 //!   the simulator logs what it dropped. The rest reach the tenant
@@ -75,11 +87,14 @@
 //! KamajiControlPlane any more.
 //!
 //! Left out: the TenantControlPlane object and its other Secrets
-//! (`<tcp>-ca`, certificates, the component kubeconfigs), the tenant's data
+//! (`<tcp>-ca`, certificates, the component kubeconfigs), the konnectivity
+//! port of the Service, `serviceAddress` and LoadBalancer ingress (no load
+//! balancer controller runs), the tenant's data
 //! living in the DataStore (each tenant has its own harness etcd), addons
 //! (CoreDNS, kube-proxy, konnectivity), `admissionControllers` (the harness
 //! apiserver keeps its own plugin set), kube-scheduler, certificate
-//! rotation, patching the infrastructure cluster, and replicas (the tenant
+//! rotation, patching infrastructure clusters other than externally managed
+//! KubevirtClusters (see `patch_infrastructure_cluster`), and replicas (the tenant
 //! has one kube-apiserver whatever `spec.replicas` says; status reports
 //! `spec.replicas` as ready).
 
@@ -92,9 +107,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -267,6 +284,10 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
 struct Running {
     control_plane: ControlPlane,
     endpoint: String,
+    /// The KamajiControlPlane's name, which its Service bears.
+    kcp: String,
+    /// The port of its Service (`clusterNetwork.apiServerPort`).
+    service_port: u16,
     /// The `spec.version` it serves.
     version: String,
     extra_args: ExtraArgs,
@@ -468,6 +489,11 @@ async fn reconcile_all(shared: &Shared) -> anyhow::Result<()> {
     for (key, tenant) in gone {
         tracing::info!(cluster = %key, endpoint = %tenant.endpoint, "tenant control plane stopped");
         shared.tenants.remove(&tenant.endpoint);
+        let namespace = key.split_once('/').map(|(ns, _)| ns).unwrap_or_default();
+        let clients = shared.clients.lock().expect("clients lock").clone();
+        for client in clients {
+            delete_service(&client, namespace, &tenant.kcp).await;
+        }
         stop_control_plane(tenant.control_plane).await;
     }
 
@@ -544,8 +570,12 @@ async fn reconcile(
                             namespace: namespace.clone(),
                             name: cluster.clone(),
                             endpoint: endpoint.clone(),
+                            ca_pem: tenant.control_plane.ca().cert_pem(),
                             client: tenant.control_plane.client(),
                         });
+                        for alias in service_endpoints(&name, &namespace, tenant.service_port) {
+                            shared.tenants.alias(&endpoint, &alias);
+                        }
                         tracing::info!(
                             %namespace, %cluster, %endpoint, version = %spec_version,
                             "tenant control plane running"
@@ -562,7 +592,7 @@ async fn reconcile(
     };
 
     if let Observed::Serving { .. } = observed {
-        let (endpoint, kubeconfig, admin_kubeconfigs, ca_cert, ca_key) = {
+        let (endpoint, kubeconfig, admin_kubeconfigs, ca_cert, ca_key, service_port) = {
             let running = shared.running.lock().await;
             let tenant = running.get(key).context("tenant control plane vanished")?;
             let kubeconfig = std::fs::read_to_string(tenant.control_plane.kubeconfig_path())
@@ -574,8 +604,12 @@ async fn reconcile(
                 tenant.admin_kubeconfigs.clone(),
                 ca.cert_pem(),
                 ca.key_pem(),
+                tenant.service_port,
             )
         };
+        ensure_service(client, object, service_port)
+            .await
+            .context("the tenant control plane Service")?;
         let secrets = Secrets {
             client,
             owner: object,
@@ -630,6 +664,9 @@ async fn reconcile(
             .await
             .context("set spec.controlPlaneEndpoint")?;
         }
+        patch_infrastructure_cluster(client, &namespace, &cluster, &host, port)
+            .await
+            .context("patch the infrastructure cluster")?;
     }
 
     let status = desired_status(object, &observed);
@@ -776,6 +813,8 @@ async fn start_tenant(
     )?;
     Ok(Running {
         endpoint: control_plane.server_url().to_string(),
+        kcp: name,
+        service_port: port,
         control_plane,
         version: version.to_string(),
         extra_args,
@@ -873,6 +912,178 @@ fn service_names(kcp: &str, namespace: &str) -> Vec<String> {
         format!("{kcp}.{namespace}.svc"),
         format!("{kcp}.{namespace}.svc.cluster.local"),
     ]
+}
+
+/// `host:port` of the TCP Service's cluster DNS names, which worker configs
+/// name (`https://<kcp>.<ns>.svc:6443`) and the tenant is registered under
+/// besides its real endpoint. The short `<kcp>` and `<kcp>.<ns>` forms
+/// depend on the resolver's search path, so they are left out.
+fn service_endpoints(kcp: &str, namespace: &str, port: u16) -> Vec<String> {
+    vec![
+        format!("{kcp}.{namespace}.svc:{port}"),
+        format!("{kcp}.{namespace}.svc.cluster.local:{port}"),
+    ]
+}
+
+/// The Service Kamaji puts in front of a TCP's pods
+/// (`internal/resources/k8s_service_resource.go`), from the fields Kamaji's
+/// provider copies from the KamajiControlPlane's `spec.network`: named after
+/// it, `kube-apiserver` on `port`, then `additionalServicePorts`, of
+/// `serviceType` (Kamaji's default `LoadBalancer`), with `serviceLabels` and
+/// `serviceAnnotations`. Left out: the konnectivity port (no addons run),
+/// `serviceAddress`/external IPs.
+fn desired_service(kcp: &DynamicObject, port: u16) -> Value {
+    let name = kcp.metadata.name.clone().unwrap_or_default();
+    let network = &kcp.data["spec"]["network"];
+    let mut labels = serde_json::Map::new();
+    if let Some(extra) = network["serviceLabels"].as_object() {
+        labels.extend(extra.clone());
+    }
+    for (key, value) in [
+        ("kamaji.clastix.io/project", "kamaji"),
+        ("kamaji.clastix.io/name", name.as_str()),
+        ("kamaji.clastix.io/component", "service"),
+    ] {
+        labels.insert(key.into(), json!(value));
+    }
+    let service_type = network["serviceType"].as_str().unwrap_or("LoadBalancer");
+    let mut api_server_port = json!({
+        "name": "kube-apiserver",
+        "protocol": "TCP",
+        "port": port,
+        "targetPort": port,
+    });
+    if service_type == "NodePort" {
+        // Kamaji exposes the apiserver on the same port on every node.
+        api_server_port["nodePort"] = json!(port);
+    }
+    let mut ports = vec![api_server_port];
+    for extra in network["additionalServicePorts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut port = json!({
+            "name": extra["name"],
+            "protocol": extra["protocol"].as_str().unwrap_or("TCP"),
+            "port": extra["port"],
+            "targetPort": extra["targetPort"],
+        });
+        if let Some(app_protocol) = extra["appProtocol"].as_str() {
+            port["appProtocol"] = json!(app_protocol);
+        }
+        ports.push(port);
+    }
+    let mut spec = json!({
+        "type": service_type,
+        "selector": { "kamaji.clastix.io/name": name },
+        "ports": ports,
+    });
+    if service_type == "LoadBalancer" {
+        spec["allocateLoadBalancerNodePorts"] = json!(true);
+        let config = &network["loadBalancerConfig"];
+        if let Some(class) = config["loadBalancerClass"].as_str() {
+            spec["loadBalancerClass"] = json!(class);
+        }
+        if let Some(ranges) = config["loadBalancerSourceRanges"]
+            .as_array()
+            .filter(|r| !r.is_empty())
+        {
+            spec["loadBalancerSourceRanges"] = json!(ranges);
+        }
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": kcp.metadata.namespace,
+            "labels": labels,
+            "annotations": network["serviceAnnotations"].as_object().cloned().unwrap_or_default(),
+            "ownerReferences": [{
+                "apiVersion": format!("{GROUP}/{VERSION}"),
+                "kind": KAMAJI_CONTROL_PLANE_KIND,
+                "name": name,
+                "uid": kcp.metadata.uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": spec,
+    })
+}
+
+/// Whether the Service already has what `desired` sets (the apiserver
+/// fills in more: ClusterIP, node ports, session affinity).
+fn service_matches(current: &Value, desired: &Value) -> bool {
+    let covers = |current: &Value, desired: &Value| {
+        desired
+            .as_object()
+            .is_none_or(|fields| fields.iter().all(|(k, v)| current.get(k) == Some(v)))
+    };
+    let ports_match = {
+        let current = current["spec"]["ports"].as_array();
+        let desired = desired["spec"]["ports"].as_array();
+        match (current, desired) {
+            (Some(current), Some(desired)) => {
+                current.len() == desired.len()
+                    && current.iter().zip(desired).all(|(c, d)| covers(c, d))
+            }
+            _ => false,
+        }
+    };
+    ports_match
+        && current["spec"]["type"] == desired["spec"]["type"]
+        && current["spec"]["selector"] == desired["spec"]["selector"]
+        && covers(
+            &current["metadata"]["labels"],
+            &desired["metadata"]["labels"],
+        )
+        && covers(
+            &current["metadata"]["annotations"],
+            &desired["metadata"]["annotations"],
+        )
+}
+
+/// Creates or updates the TCP Service of a running tenant, owned by the
+/// KamajiControlPlane (standing in for the TCP) so it goes with it.
+async fn ensure_service(
+    client: &kube::Client,
+    kcp: &DynamicObject,
+    port: u16,
+) -> anyhow::Result<()> {
+    let namespace = kcp.metadata.namespace.clone().unwrap_or_default();
+    let name = kcp.metadata.name.clone().unwrap_or_default();
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let desired = desired_service(kcp, port);
+    if let Some(current) = services.get_opt(&name).await?
+        && service_matches(&serde_json::to_value(&current)?, &desired)
+    {
+        return Ok(());
+    }
+    services
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&desired),
+        )
+        .await
+        .with_context(|| format!("apply Service {namespace}/{name}"))?;
+    tracing::info!(%namespace, kcp = %name, "tenant control plane Service applied");
+    Ok(())
+}
+
+/// Deletes the TCP Service of a stopped tenant (the garbage collector would
+/// too, where the management cluster runs one).
+async fn delete_service(client: &kube::Client, namespace: &str, name: &str) {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    match services.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => {
+            tracing::debug!(%namespace, kcp = %name, %error, "tenant control plane Service not deleted");
+        }
+    }
 }
 
 /// The four keys of Kamaji's `<tcp>-admin-kubeconfig`: `*.conf` against the
@@ -1037,6 +1248,84 @@ impl Secrets<'_> {
             .with_context(|| format!("create Secret {name}"))?;
         Ok(())
     }
+}
+
+/// Kamaji's infrastructure-cluster patch, for a KubevirtCluster that
+/// carries CAPI's externally-managed annotation (`cluster.x-k8s.io/managed-by`,
+/// as the platform creates it): its `spec.controlPlaneEndpoint` and
+/// `status.ready=true`, as Kamaji's provider does for KubevirtClusters. A
+/// KubevirtCluster without the annotation is left to its infrastructure
+/// provider here (real Kamaji would patch its endpoint too, fighting the
+/// provider over it; tests that run one that way want the provider's).
+/// Other kinds (ProxmoxCluster: `externalManagedControlPlane`) are not
+/// patched; their provider marks them ready.
+async fn patch_infrastructure_cluster(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+    host: &str,
+    port: u16,
+) -> anyhow::Result<()> {
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
+            "clusters",
+        ),
+    );
+    let Some(object) = clusters.get_opt(cluster).await? else {
+        return Ok(());
+    };
+    let reference = &object.data["spec"]["infrastructureRef"];
+    if reference["kind"] != "KubevirtCluster" {
+        return Ok(());
+    }
+    let name = reference["name"].as_str().unwrap_or_default();
+    let infra: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(
+                "infrastructure.cluster.x-k8s.io",
+                "v1alpha1",
+                "KubevirtCluster",
+            ),
+            "kubevirtclusters",
+        ),
+    );
+    let Some(kubevirt_cluster) = infra.get_opt(name).await? else {
+        return Ok(());
+    };
+    let managed = kubevirt_cluster
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("cluster.x-k8s.io/managed-by"));
+    if !managed {
+        return Ok(());
+    }
+    if kubevirt_cluster.data["spec"]["controlPlaneEndpoint"]["host"] != host {
+        infra
+            .patch(
+                name,
+                &patch_params(),
+                &Patch::Merge(
+                    json!({ "spec": { "controlPlaneEndpoint": { "host": host, "port": port } } }),
+                ),
+            )
+            .await?;
+    }
+    if kubevirt_cluster.data["status"]["ready"] != true {
+        infra
+            .patch_status(
+                name,
+                &patch_params(),
+                &Patch::Merge(json!({ "status": { "ready": true } })),
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 fn patch_params() -> PatchParams {
@@ -1437,6 +1726,65 @@ mod tests {
             ]
         );
         assert!(split.refused_by_apiserver.is_empty());
+    }
+
+    #[test]
+    fn the_service_fronts_the_apiserver_and_the_additional_ports() {
+        let mut object = DynamicObject::new("kubernetes-demo", &api_resource()).within("tenant-a");
+        object.metadata.uid = Some("kcp-uid".into());
+        object.data = json!({ "spec": { "network": {
+            "serviceType": "ClusterIP",
+            "serviceLabels": { "team": "a" },
+            "additionalServicePorts": [{
+                "name": "talos-trustd", "port": 50001, "protocol": "TCP", "targetPort": 50001,
+            }],
+        }}});
+        let service = desired_service(&object, 6443);
+        assert_eq!(service["metadata"]["name"], "kubernetes-demo");
+        assert_eq!(service["metadata"]["namespace"], "tenant-a");
+        assert_eq!(service["metadata"]["labels"]["team"], "a");
+        assert_eq!(
+            service["metadata"]["labels"]["kamaji.clastix.io/component"],
+            "service"
+        );
+        let owner = &service["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "KamajiControlPlane");
+        assert_eq!(owner["uid"], "kcp-uid");
+        assert_eq!(owner["controller"], true);
+        assert_eq!(service["spec"]["type"], "ClusterIP");
+        assert_eq!(
+            service["spec"]["ports"],
+            json!([
+                { "name": "kube-apiserver", "protocol": "TCP", "port": 6443, "targetPort": 6443 },
+                { "name": "talos-trustd", "protocol": "TCP", "port": 50001, "targetPort": 50001 },
+            ])
+        );
+
+        // What the apiserver returns has more; it still matches.
+        let mut stored = service.clone();
+        stored["spec"]["clusterIP"] = json!("10.96.4.7");
+        stored["spec"]["ports"][0]["appProtocol"] = json!("https");
+        stored["metadata"]["labels"]["added-by-someone"] = json!("x");
+        assert!(service_matches(&stored, &service));
+        stored["spec"]["ports"].as_array_mut().unwrap().pop();
+        assert!(!service_matches(&stored, &service));
+    }
+
+    #[test]
+    fn the_service_defaults_to_a_load_balancer_as_kamaji_does() {
+        let mut object = DynamicObject::new("kubernetes-demo", &api_resource()).within("tenant-a");
+        object.data = json!({ "spec": {} });
+        let service = desired_service(&object, 443);
+        assert_eq!(service["spec"]["type"], "LoadBalancer");
+        assert_eq!(service["spec"]["allocateLoadBalancerNodePorts"], true);
+        assert_eq!(service["spec"]["ports"][0]["port"], 443);
+        assert_eq!(
+            service_endpoints("kubernetes-demo", "tenant-a", 443),
+            [
+                "kubernetes-demo.tenant-a.svc:443",
+                "kubernetes-demo.tenant-a.svc.cluster.local:443"
+            ]
+        );
     }
 
     #[test]

@@ -23,12 +23,28 @@
 //! the kubelet is silent, so the tenant's node lifecycle controller turns
 //! `Ready` to `Unknown`, as in a real cluster.
 //!
+//! With [`NodeSimConfig::verify_join`], a kubelet also checks what its TLS
+//! bootstrap needs before it registers, and otherwise stays out and says
+//! why ([`NodeSimulator::join_refusals`]): the config's cluster CA
+//! (`cluster.ca.crt`) must include the tenant's CA, which signs the
+//! apiserver's serving certificate, and its bootstrap token
+//! (`cluster.token`) must authenticate as the tenant apiserver's bootstrap
+//! token authenticator checks it ([`check_bootstrap_token`]) and carry the
+//! group Kamaji's kubeadm phase lets create node CSRs. Off by default, so
+//! tests that hand-write trimmed configs keep working.
+//!
 //! Left out: pods, images, volumes, node leases' holder changes, kubelet
-//! certificates (CSRs) and the cloud-provider taint. Faults: [`NodeFault`].
+//! certificates (the CSRs and their approval: a kubelet that passes the
+//! join checks registers directly), `usage-bootstrap-signing` and the
+//! `cluster-info` discovery (Talos has the CA in its config) and the
+//! cloud-provider taint. Faults: [`NodeFault`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 
 use anyhow::Context as _;
 use base64::Engine as _;
@@ -45,6 +61,12 @@ use crate::sim::proxmox::{GuestPhase, PveObserver, VmPower};
 
 const FIELD_MANAGER: &str = "sim-kubelet";
 const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The Secret type the bootstrap token authenticator accepts.
+pub const BOOTSTRAP_TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// The group kubeadm (and Kamaji's kubeadm phase) binds to
+/// `system:node-bootstrapper` and node CSR auto-approval: a token without
+/// it authenticates, but its kubelet may not ask for a certificate.
+pub const NODE_BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 
 /// How the kubelets behave.
 #[derive(Clone, Debug)]
@@ -54,6 +76,12 @@ pub struct NodeSimConfig {
     pub heartbeat: Duration,
     /// How often the simulator looks at the substrates.
     pub poll: Duration,
+    /// Whether a kubelet checks, before registering, that its config's
+    /// cluster CA is the tenant's and its bootstrap token is a valid
+    /// bootstrap-token Secret in the tenant, as a real kubelet's TLS
+    /// bootstrap needs. Off by default: configs written for tests often
+    /// carry neither.
+    pub verify_join: bool,
 }
 
 impl Default for NodeSimConfig {
@@ -61,6 +89,7 @@ impl Default for NodeSimConfig {
         Self {
             heartbeat: Duration::from_secs(2),
             poll: Duration::from_millis(500),
+            verify_join: false,
         }
     }
 }
@@ -102,6 +131,12 @@ pub struct TalosJoin {
     pub endpoint: String,
     /// The tag of `machine.kubelet.image`, when set.
     pub kubelet_version: Option<String>,
+    /// `cluster.token`: the bootstrap token (`<id>.<secret>`) the kubelet
+    /// authenticates with until it has a certificate.
+    pub bootstrap_token: Option<String>,
+    /// `cluster.ca.crt`, decoded: the PEM bundle the kubelet trusts for the
+    /// apiserver. `None` when absent or not base64.
+    pub cluster_ca_pem: Option<String>,
 }
 
 impl TalosJoin {
@@ -125,10 +160,24 @@ impl TalosJoin {
                 .as_str()
                 .and_then(|image| image.rsplit_once(':'))
                 .map(|(_, tag)| tag.to_string());
+            let bootstrap_token = value["cluster"]["token"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+                .map(str::to_string);
+            let cluster_ca_pem = value["cluster"]["ca"]["crt"]
+                .as_str()
+                .and_then(|crt| {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(crt.trim())
+                        .ok()
+                })
+                .and_then(|bytes| String::from_utf8(bytes).ok());
             return Some(Self {
                 machine_type: machine_type.to_string(),
                 endpoint: endpoint.to_string(),
                 kubelet_version,
+                bootstrap_token,
+                cluster_ca_pem,
             });
         }
         None
@@ -177,6 +226,8 @@ struct State {
     faults: HashMap<String, FaultState>,
     /// Bootstrap data by KubeVirt VMI UID.
     user_data: HashMap<String, Option<String>>,
+    /// Why kubelets that have not registered their Node have not, by node.
+    join_refusals: BTreeMap<String, String>,
 }
 
 struct Shared {
@@ -256,6 +307,13 @@ impl NodeSimulator {
             .collect()
     }
 
+    /// Why each running kubelet that has not registered its Node has not
+    /// (no tenant answers at its endpoint, or, with
+    /// [`NodeSimConfig::verify_join`], a failed join check), by node name.
+    pub fn join_refusals(&self) -> BTreeMap<String, String> {
+        lock(&self.shared.state).join_refusals.clone()
+    }
+
     /// The Nodes registered now, by name.
     pub fn nodes(&self) -> Vec<SimulatedNode> {
         let mut nodes: Vec<SimulatedNode> = lock(&self.shared.state)
@@ -314,6 +372,9 @@ async fn tick(shared: &Shared) -> anyhow::Result<()> {
             tracing::debug!(node = %guest.node_name, error = format!("{error:#}"), "kubelet");
         }
     }
+    lock(&shared.state)
+        .join_refusals
+        .retain(|node, _| guests.iter().any(|g| g.up && &g.node_name == node));
 
     // VMs that are gone take their Nodes with them.
     let gone: Vec<NodeRecord> = {
@@ -411,8 +472,19 @@ async fn follow(shared: &Shared, guest: &Guest) -> anyhow::Result<()> {
                 return Ok(());
             };
             let Some(tenant) = shared.tenants.by_endpoint(&join.endpoint) else {
+                refuse_join(
+                    shared,
+                    &guest.node_name,
+                    format!("no tenant control plane answers at {}", join.endpoint),
+                );
                 return Ok(());
             };
+            if shared.config.verify_join
+                && let Err(reason) = verify_join(&join, &tenant).await
+            {
+                refuse_join(shared, &guest.node_name, reason);
+                return Ok(());
+            }
             tenant
         }
     };
@@ -455,6 +527,7 @@ async fn follow(shared: &Shared, guest: &Guest) -> anyhow::Result<()> {
     renew_lease(&tenant.client, &guest.node_name).await?;
 
     let mut state = lock(&shared.state);
+    state.join_refusals.remove(&guest.node_name);
     let record = state.records.entry(guest.key.clone()).or_insert_with(|| {
         tracing::info!(node = %guest.node_name, cluster = %tenant.name, "Node registered");
         NodeRecord {
@@ -469,6 +542,179 @@ async fn follow(shared: &Shared, guest: &Guest) -> anyhow::Result<()> {
     record.last_beat = Some(Instant::now());
     record.ready = Some((ready_status, since));
     Ok(())
+}
+
+/// Records why a kubelet does not join, logging when the reason changes.
+fn refuse_join(shared: &Shared, node: &str, reason: String) {
+    let mut state = lock(&shared.state);
+    if state.join_refusals.get(node) != Some(&reason) {
+        tracing::info!(%node, %reason, "kubelet does not join");
+        state.join_refusals.insert(node.to_string(), reason);
+    }
+}
+
+/// What the kubelet's TLS bootstrap against `tenant` needs from its
+/// config: trust in the tenant's CA and a bootstrap token the tenant
+/// accepts.
+async fn verify_join(join: &TalosJoin, tenant: &TenantCluster) -> Result<(), String> {
+    check_cluster_ca(join.cluster_ca_pem.as_deref(), &tenant.ca_pem)?;
+    let Some(token) = join.bootstrap_token.as_deref() else {
+        return Err("the machine config has no cluster.token".into());
+    };
+    let (id, _) = parse_bootstrap_token(token)?;
+    let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), "kube-system");
+    let secret = secrets
+        .get_opt(&format!("bootstrap-token-{id}"))
+        .await
+        .map_err(|error| format!("reading the bootstrap token Secret: {error}"))?;
+    check_bootstrap_token(token, secret.as_ref(), chrono::Utc::now())
+}
+
+/// Whether a config's cluster CA bundle (`cluster.ca.crt`, decoded) holds
+/// the tenant's CA certificate, so the kubelet trusts the apiserver's
+/// serving certificate. Compared as DER, whatever the PEM layout.
+pub fn check_cluster_ca(config_ca_pem: Option<&str>, tenant_ca_pem: &str) -> Result<(), String> {
+    let Some(config_ca_pem) = config_ca_pem else {
+        return Err("the machine config has no (base64) cluster.ca.crt".into());
+    };
+    let certificates = |pem: &str| -> Vec<Vec<u8>> {
+        CertificateDer::pem_slice_iter(pem.as_bytes())
+            .filter_map(Result::ok)
+            .map(|der| der.as_ref().to_vec())
+            .collect()
+    };
+    let trusted = certificates(config_ca_pem);
+    if trusted.is_empty() {
+        return Err("cluster.ca.crt holds no PEM certificate".into());
+    }
+    let tenant = certificates(tenant_ca_pem);
+    if tenant.iter().any(|ca| trusted.contains(ca)) {
+        Ok(())
+    } else {
+        Err("cluster.ca.crt is not the tenant's CA: the kubelet would not trust the apiserver's serving certificate".into())
+    }
+}
+
+/// `(id, secret)` of a bootstrap token, which must match
+/// `[a-z0-9]{6}.[a-z0-9]{16}` (kubeadm's and the authenticator's format).
+fn parse_bootstrap_token(token: &str) -> Result<(&str, &str), String> {
+    let valid = |part: &str, len: usize| {
+        part.len() == len
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    match token.split_once('.') {
+        Some((id, secret)) if valid(id, 6) && valid(secret, 16) => Ok((id, secret)),
+        _ => {
+            Err("cluster.token is not a bootstrap token (<6 chars>.<16 chars> of [a-z0-9])".into())
+        }
+    }
+}
+
+/// Whether the tenant's bootstrap token authenticator accepts `token`
+/// given the Secret `kube-system/bootstrap-token-<id>` (`None`: absent) at
+/// `now`, and the token may ask for a node certificate. Copies the
+/// authenticator's checks (`plugin/pkg/auth/authenticator/token/bootstrap`):
+/// not being deleted, type `bootstrap.kubernetes.io/token`, `token-secret`
+/// and `token-id` matching, `expiration` absent or in the future (an
+/// unparseable one counts as expired), `usage-bootstrap-authentication`
+/// `"true"`, every `auth-extra-groups` entry a `system:bootstrappers:`
+/// group; then [`NODE_BOOTSTRAP_GROUP`] among them.
+pub fn check_bootstrap_token(
+    token: &str,
+    secret: Option<&Secret>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), String> {
+    let (id, token_secret) = parse_bootstrap_token(token)?;
+    let name = format!("kube-system/bootstrap-token-{id}");
+    let Some(secret) = secret else {
+        return Err(format!("bootstrap token {id}: no Secret {name}"));
+    };
+    if secret.metadata.deletion_timestamp.is_some() {
+        return Err(format!("bootstrap token {id}: {name} is being deleted"));
+    }
+    if secret.type_.as_deref() != Some(BOOTSTRAP_TOKEN_SECRET_TYPE) {
+        return Err(format!(
+            "bootstrap token {id}: {name} is not of type {BOOTSTRAP_TOKEN_SECRET_TYPE}"
+        ));
+    }
+    let data = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .or_else(|| {
+                secret
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .cloned()
+            })
+            .unwrap_or_default()
+    };
+    if data("token-secret") != token_secret {
+        return Err(format!(
+            "bootstrap token {id}: token-secret in {name} does not match"
+        ));
+    }
+    if data("token-id") != id {
+        return Err(format!(
+            "bootstrap token {id}: token-id in {name} does not match"
+        ));
+    }
+    let expiration = data("expiration");
+    if !expiration.is_empty() {
+        match chrono::DateTime::parse_from_rfc3339(&expiration) {
+            Ok(at) if at > now => {}
+            Ok(_) => return Err(format!("bootstrap token {id} expired at {expiration}")),
+            Err(_) => {
+                return Err(format!(
+                    "bootstrap token {id}: unparseable expiration {expiration:?} (counts as expired)"
+                ));
+            }
+        }
+    }
+    if data("usage-bootstrap-authentication") != "true" {
+        return Err(format!(
+            "bootstrap token {id}: {name} is not marked usage-bootstrap-authentication=true"
+        ));
+    }
+    let groups = data("auth-extra-groups");
+    let groups: Vec<&str> = groups
+        .split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .collect();
+    if let Some(invalid) = groups.iter().find(|g| !is_bootstrap_group(g)) {
+        return Err(format!(
+            "bootstrap token {id}: auth-extra-groups entry {invalid:?} is not a system:bootstrappers: group"
+        ));
+    }
+    if !groups.contains(&NODE_BOOTSTRAP_GROUP) {
+        return Err(format!(
+            "bootstrap token {id}: auth-extra-groups lacks {NODE_BOOTSTRAP_GROUP}, the group allowed to request node certificates"
+        ));
+    }
+    Ok(())
+}
+
+/// `^system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]$`, the groups a
+/// bootstrap token may add.
+fn is_bootstrap_group(group: &str) -> bool {
+    let Some(rest) = group.strip_prefix("system:bootstrappers:") else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest.len() <= 256
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b':' || b == b'-')
+        && rest
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// Creates the Node unless it exists (kubelet's registration).
@@ -785,8 +1031,160 @@ mod tests {
                 machine_type: "worker".into(),
                 endpoint: "https://127.0.0.1:6443".into(),
                 kubelet_version: Some("v1.35.0".into()),
+                bootstrap_token: None,
+                cluster_ca_pem: None,
             })
         );
+    }
+
+    fn ca_pem(name: &str) -> String {
+        crate::pki::CertificateAuthority::new(name)
+            .unwrap()
+            .cert_pem()
+    }
+
+    #[test]
+    fn talos_config_carries_the_token_and_the_cluster_ca() {
+        let ca = ca_pem("tenant-ca");
+        let config = format!(
+            "version: v1alpha1\nmachine:\n  type: worker\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-demo.tenant-a.svc:6443\n  token: abcdef.0123456789abcdef\n  ca:\n    crt: {}\n    key: \"\"\n",
+            base64::engine::general_purpose::STANDARD.encode(&ca)
+        );
+        let join = TalosJoin::parse(&config).unwrap();
+        assert_eq!(
+            join.bootstrap_token.as_deref(),
+            Some("abcdef.0123456789abcdef")
+        );
+        assert_eq!(join.cluster_ca_pem.as_deref(), Some(ca.as_str()));
+        assert_eq!(
+            check_cluster_ca(join.cluster_ca_pem.as_deref(), &ca),
+            Ok(())
+        );
+
+        let broken = config.replace("crt: ", "crt: not-base64!");
+        assert_eq!(TalosJoin::parse(&broken).unwrap().cluster_ca_pem, None);
+    }
+
+    #[test]
+    fn a_foreign_or_missing_cluster_ca_is_refused() {
+        let tenant = ca_pem("tenant-ca");
+        let other = ca_pem("other-ca");
+        let message = check_cluster_ca(Some(&other), &tenant).unwrap_err();
+        assert!(message.contains("not the tenant's CA"), "{message}");
+        assert!(check_cluster_ca(None, &tenant).is_err());
+        assert!(check_cluster_ca(Some("garbage"), &tenant).is_err());
+        // A bundle that includes the tenant's CA is trusted.
+        let bundle = format!("{other}{tenant}");
+        assert_eq!(check_cluster_ca(Some(&bundle), &tenant), Ok(()));
+    }
+
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+
+    /// The Secret tenantry writes for a pool's bootstrap token.
+    fn token_secret(extra: &[(&str, &str)]) -> Secret {
+        let mut data = BTreeMap::from([
+            ("token-id", "abcdef"),
+            ("token-secret", "0123456789abcdef"),
+            ("usage-bootstrap-authentication", "true"),
+            ("usage-bootstrap-signing", "true"),
+            ("auth-extra-groups", NODE_BOOTSTRAP_GROUP),
+        ]);
+        data.extend(extra.iter().copied());
+        serde_json::from_value(json!({
+            "metadata": { "name": "bootstrap-token-abcdef", "namespace": "kube-system" },
+            "type": BOOTSTRAP_TOKEN_SECRET_TYPE,
+            "data": data
+                .iter()
+                .map(|(k, v)| (k.to_string(), base64::engine::general_purpose::STANDARD.encode(v)))
+                .collect::<BTreeMap<_, _>>(),
+        }))
+        .unwrap()
+    }
+
+    fn at(rfc3339: &str) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::parse_from_rfc3339(rfc3339)
+            .unwrap()
+            .into()
+    }
+
+    #[test]
+    fn a_valid_bootstrap_token_joins() {
+        let now = at("2026-05-01T12:00:00Z");
+        assert_eq!(
+            check_bootstrap_token(TOKEN, Some(&token_secret(&[])), now),
+            Ok(())
+        );
+        let later = token_secret(&[("expiration", "2026-05-02T00:00:00Z")]);
+        assert_eq!(check_bootstrap_token(TOKEN, Some(&later), now), Ok(()));
+    }
+
+    #[test]
+    fn bootstrap_tokens_the_authenticator_rejects_do_not_join() {
+        let now = at("2026-05-01T12:00:00Z");
+        let refused = |token: &str, secret: Option<Secret>| {
+            check_bootstrap_token(token, secret.as_ref(), now).unwrap_err()
+        };
+        for (token, secret, expect) in [
+            ("abcdef", Some(token_secret(&[])), "not a bootstrap token"),
+            (
+                "ABCDEF.0123456789abcdef",
+                Some(token_secret(&[])),
+                "not a bootstrap token",
+            ),
+            (TOKEN, None, "no Secret kube-system/bootstrap-token-abcdef"),
+            (
+                "abcdef.ffffffffffffffff",
+                Some(token_secret(&[])),
+                "token-secret",
+            ),
+            (
+                TOKEN,
+                Some(token_secret(&[("token-id", "zzzzzz")])),
+                "token-id",
+            ),
+            (
+                TOKEN,
+                Some(token_secret(&[("expiration", "2026-05-01T11:59:59Z")])),
+                "expired",
+            ),
+            (
+                TOKEN,
+                Some(token_secret(&[("expiration", "tomorrow")])),
+                "unparseable expiration",
+            ),
+            (
+                TOKEN,
+                Some(token_secret(&[("usage-bootstrap-authentication", "false")])),
+                "usage-bootstrap-authentication",
+            ),
+            (
+                TOKEN,
+                Some(token_secret(&[("auth-extra-groups", "system:masters")])),
+                "not a system:bootstrappers: group",
+            ),
+            (
+                TOKEN,
+                Some(token_secret(&[(
+                    "auth-extra-groups",
+                    "system:bootstrappers:other",
+                )])),
+                "lacks system:bootstrappers:kubeadm:default-node-token",
+            ),
+        ] {
+            let message = refused(token, secret);
+            assert!(
+                message.contains(expect),
+                "{token}: {message} (want {expect:?})"
+            );
+        }
+
+        let mut opaque = token_secret(&[]);
+        opaque.type_ = Some("Opaque".into());
+        assert!(refused(TOKEN, Some(opaque)).contains("not of type"));
+        let mut deleting = serde_json::to_value(token_secret(&[])).unwrap();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-05-01T11:00:00Z");
+        let deleting: Secret = serde_json::from_value(deleting).unwrap();
+        assert!(refused(TOKEN, Some(deleting)).contains("being deleted"));
     }
 
     #[test]

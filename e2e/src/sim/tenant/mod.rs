@@ -4,8 +4,9 @@
 //! In production a tenant's control plane runs as pods (Kamaji) on an etcd
 //! the platform runs per tenant namespace (etcd-operator, registered with
 //! Kamaji as a DataStore), and its workers are VMs whose kubelets register
-//! Nodes with that control plane. Neither pods nor guests run here, so three
-//! simulators stand in:
+//! Nodes with that control plane, booting Talos machine configs that CABPT
+//! puts into bootstrap data Secrets. Neither pods nor guests run here, and
+//! CABPT cannot be built here, so four simulators stand in:
 //!
 //! - [`KamajiControlPlaneSimulator`] plays Kamaji and its Cluster API
 //!   control plane provider for `KamajiControlPlane` objects: each one gets a
@@ -13,20 +14,31 @@
 //!   [`ControlPlane`](crate::ControlPlane)), upgraded in place when
 //!   `spec.version` moves to the next minor; Kamaji's
 //!   `<kcp>-admin-kubeconfig` Secret, the `<cluster>-kubeconfig` and
-//!   `<cluster>-ca` Secrets CAPI reads, its endpoint and the v1beta2 control
-//!   plane contract status.
+//!   `<cluster>-ca` Secrets CAPI reads, the `<kcp>` Service in front of it,
+//!   its endpoint and the v1beta2 control plane contract status.
 //! - [`EtcdSimulator`] plays etcd-operator for `EtcdCluster` objects and
 //!   Kamaji's DataStore controller for `DataStore` objects: available and
 //!   ready once the Secrets they reference exist, unavailable on demand.
+//! - [`TalosBootstrapSimulator`] plays CABPT for `TalosConfig` objects
+//!   (`generateType: none`) owned by CAPI Machines: once the Cluster's
+//!   infrastructure is provisioned, the machine config goes into the
+//!   Machine's bootstrap data Secret and the v1beta2 bootstrap contract
+//!   status says so.
 //! - [`NodeSimulator`] plays the kubelet of every worker VM the substrate
 //!   simulators run: when a guest is up and its bootstrap data is a Talos
 //!   config naming a tenant's endpoint, a Node registers there with the
 //!   providerID the infrastructure provider reports, and its heartbeat
-//!   (Node status and Lease) stays fresh while the guest runs.
+//!   (Node status and Lease) stays fresh while the guest runs. On demand it
+//!   first checks the config's cluster CA and bootstrap token against the
+//!   tenant, as a kubelet's TLS bootstrap would.
 //!
-//! [`TenantClusters`] connects the first and the last: the endpoints of
-//! running tenant control planes, which is what a kubelet looks up in its
-//! bootstrap data. Each simulator's module documentation lists what it
+//! [`TenantClusters`] connects the control planes and the kubelets: the
+//! endpoints of running tenant control planes, which is what a kubelet
+//! looks up in its bootstrap data. A tenant is registered under its real
+//! loopback endpoint and under the cluster DNS names of its control plane
+//! Service (`https://<kcp>.<ns>.svc:6443`), which nothing resolves on this
+//! machine: the registry plays the part of the hosts entry a Talos worker
+//! gets for that name. Each simulator's module documentation lists what it
 //! copies from upstream and what it leaves out.
 //!
 //! A test starts them against its management cluster's client:
@@ -43,6 +55,7 @@
 //! )
 //! .await?;
 //! kamaji.wait_for_data_stores(true); // optional: Kamaji waits for DataStores
+//! let cabpt = TalosBootstrapSimulator::start(client.clone()).await?;
 //! let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
 //! # Ok(()) }
 //! ```
@@ -50,6 +63,7 @@
 mod control_plane;
 mod etcd;
 mod kubelet;
+mod talos_bootstrap;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -63,7 +77,14 @@ pub use etcd::{
     DATA_STORE_FINALIZER, ETCD_FAULT_ANNOTATION, EtcdFault, EtcdSimulator,
     install_crds as install_etcd_crds, referenced_secrets as etcd_cluster_secrets,
 };
-pub use kubelet::{NodeFault, NodeSimConfig, NodeSimulator, SimulatedNode, TalosJoin};
+pub use kubelet::{
+    BOOTSTRAP_TOKEN_SECRET_TYPE, NODE_BOOTSTRAP_GROUP, NodeFault, NodeSimConfig, NodeSimulator,
+    SimulatedNode, TalosJoin, check_bootstrap_token, check_cluster_ca,
+};
+pub use talos_bootstrap::{
+    TALOS_CONFIG_KIND, TalosBootstrapSimulator, crd_paths as cabpt_crd_paths,
+    install_crds as install_cabpt_crds,
+};
 
 /// A running tenant control plane, as kubelets and tests reach it.
 #[derive(Clone)]
@@ -74,6 +95,9 @@ pub struct TenantCluster {
     pub name: String,
     /// `https://host:port` of its kube-apiserver.
     pub endpoint: String,
+    /// The tenant's Kubernetes CA certificate (PEM), which signs the
+    /// apiserver's serving certificate: what a joining kubelet must trust.
+    pub ca_pem: String,
     /// An admin client of its kube-apiserver.
     pub client: kube::Client,
 }
@@ -89,35 +113,71 @@ impl std::fmt::Debug for TenantCluster {
 }
 
 /// The tenant control planes that run now, by endpoint.
+///
+/// A tenant is found by its real endpoint (the harness apiserver on
+/// loopback) and by aliases: the names of its control plane Service in the
+/// management cluster (`<kcp>.<ns>.svc:<port>`), which a Talos worker's
+/// config names and reaches through a hosts entry
+/// (`machine.network.extraHostEntries`) pointing at the Service's
+/// ClusterIP. Nothing resolves those names or routes ClusterIPs on this
+/// machine; the alias plays the role of the hosts entry and the Service
+/// together.
 #[derive(Clone, Default)]
-pub struct TenantClusters(Arc<Mutex<BTreeMap<String, TenantCluster>>>);
+pub struct TenantClusters(Arc<Mutex<Registry>>);
+
+#[derive(Default)]
+struct Registry {
+    /// By `host:port` of the real endpoint.
+    tenants: BTreeMap<String, TenantCluster>,
+    /// Alias `host:port` to the real endpoint's `host:port`.
+    aliases: BTreeMap<String, String>,
+}
 
 impl TenantClusters {
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, TenantCluster>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.0.lock().expect("tenant registry lock")
     }
 
     pub(crate) fn insert(&self, cluster: TenantCluster) {
-        self.lock().insert(endpoint_key(&cluster.endpoint), cluster);
+        self.lock()
+            .tenants
+            .insert(endpoint_key(&cluster.endpoint), cluster);
     }
 
+    /// Makes the tenant at `endpoint` answer at `alias` too, until it is
+    /// removed.
+    pub(crate) fn alias(&self, endpoint: &str, alias: &str) {
+        self.lock()
+            .aliases
+            .insert(endpoint_key(alias), endpoint_key(endpoint));
+    }
+
+    /// Forgets the tenant at `endpoint` and its aliases.
     pub(crate) fn remove(&self, endpoint: &str) {
-        self.lock().remove(&endpoint_key(endpoint));
+        let key = endpoint_key(endpoint);
+        let mut registry = self.lock();
+        registry.tenants.remove(&key);
+        registry.aliases.retain(|_, target| *target != key);
     }
 
     /// The tenant whose kube-apiserver answers at `endpoint` (any of
-    /// `https://host:port`, `host:port`; a trailing slash is ignored).
+    /// `https://host:port`, `host:port`; a trailing slash is ignored),
+    /// directly or through one of its Service names.
     pub fn by_endpoint(&self, endpoint: &str) -> Option<TenantCluster> {
-        self.lock().get(&endpoint_key(endpoint)).cloned()
+        let key = endpoint_key(endpoint);
+        let registry = self.lock();
+        let key = registry.aliases.get(&key).unwrap_or(&key);
+        registry.tenants.get(key).cloned()
     }
 
     /// The tenant control plane of the CAPI Cluster `namespace/name`.
     pub fn get(&self, namespace: &str, name: &str) -> Option<TenantCluster> {
         self.lock()
+            .tenants
             .values()
             .find(|c| c.namespace == namespace && c.name == name)
             .cloned()
@@ -125,7 +185,19 @@ impl TenantClusters {
 
     /// Every running tenant control plane.
     pub fn all(&self) -> Vec<TenantCluster> {
-        self.lock().values().cloned().collect()
+        self.lock().tenants.values().cloned().collect()
+    }
+
+    /// The endpoints (`host:port`) the tenant at `endpoint` also answers
+    /// at.
+    pub fn aliases_of(&self, endpoint: &str) -> Vec<String> {
+        let key = endpoint_key(endpoint);
+        self.lock()
+            .aliases
+            .iter()
+            .filter(|(_, target)| **target == key)
+            .map(|(alias, _)| alias.clone())
+            .collect()
     }
 }
 
@@ -146,7 +218,50 @@ fn endpoint_key(endpoint: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::endpoint_key;
+    use super::*;
+
+    fn tenant(endpoint: &str) -> TenantCluster {
+        let config = kube::Config::new(endpoint.parse().unwrap());
+        TenantCluster {
+            namespace: "tenant-a".into(),
+            name: "kubernetes-demo".into(),
+            endpoint: endpoint.into(),
+            ca_pem: String::new(),
+            client: kube::Client::try_from(config).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tenant_answers_at_its_aliases_until_removed() {
+        let tenants = TenantClusters::new();
+        tenants.insert(tenant("https://127.0.0.1:40001"));
+        tenants.alias(
+            "https://127.0.0.1:40001",
+            "kubernetes-demo.tenant-a.svc:6443",
+        );
+        let found = tenants
+            .by_endpoint("https://kubernetes-demo.tenant-a.svc:6443/")
+            .expect("found by its Service name");
+        assert_eq!(found.endpoint, "https://127.0.0.1:40001");
+        assert!(
+            tenants
+                .by_endpoint("https://kubernetes-demo.tenant-a.svc:443")
+                .is_none()
+        );
+        assert_eq!(
+            tenants.aliases_of("https://127.0.0.1:40001"),
+            ["kubernetes-demo.tenant-a.svc:6443"]
+        );
+        assert_eq!(tenants.all().len(), 1, "aliases are not more tenants");
+
+        tenants.remove("https://127.0.0.1:40001");
+        assert!(
+            tenants
+                .by_endpoint("https://kubernetes-demo.tenant-a.svc:6443")
+                .is_none()
+        );
+        assert!(tenants.aliases_of("https://127.0.0.1:40001").is_empty());
+    }
 
     #[test]
     fn endpoints_compare_by_host_and_port() {
