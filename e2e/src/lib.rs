@@ -7,6 +7,7 @@
 //! CDI, Proxmox VE, Kamaji, tenant nodes) live in their own modules, each
 //! documenting the upstream behaviour it copies.
 
+pub mod bench;
 pub mod cluster_api;
 pub mod clusterctl;
 pub mod clusterctl_template;

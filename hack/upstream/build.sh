@@ -15,7 +15,11 @@
 # rendered with kustomize into $TENANTRY_CACHE/upstream/cluster-api-release;
 # cert-manager's CRDs go to $TENANTRY_CACHE/upstream/cert-manager/crd.
 #
-# Usage: hack/upstream/build.sh [name ...]     (default: everything)
+# The peer providers the benchmark compares tenantry with (capk, capmox) are
+# built only when named: hack/upstream/build.sh capk capmox; their CRDs go to
+# $TENANTRY_CACHE/upstream/<name>/crd.
+#
+# Usage: hack/upstream/build.sh [name ...]     (default: everything but peers)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -62,6 +66,35 @@ build() {
 }
 
 # sel <name>: whether <name> was asked for (no arguments asks for everything).
+# peer NAME MODULE PACKAGE: a peer provider's manager and its CRDs
+# (config/crd/bases, copied to upstream/NAME/crd); only when NAME is selected
+# explicitly, since the test suite does not use them.
+peer() {
+	local name="$1" module="$2" pkg="$3"
+	explicit "$name" || return 0
+	local version
+	version="$(version_of "$name" "$module")"
+	build "$name" "$name" "$pkg" "$version"
+	local config="$cache/$name-$version/config"
+	if [[ ! -d "$config" ]]; then
+		local dir
+		dir="$(module_dir "$name" "$module")"
+		rm -rf "$config.partial"
+		mkdir -p "$config.partial"
+		cp -r "$dir/config/crd/bases" "$config.partial/crd"
+		cp "$dir/metadata.yaml" "$config.partial/metadata.yaml"
+		chmod -R u+w "$config.partial"
+		mv "$config.partial" "$config"
+	fi
+	ln -sfn "$name-$version/config" "$cache/$name"
+}
+
+explicit() {
+	local n
+	for n in "${selected[@]}"; do [[ "$n" == "$1" ]] && return 0; done
+	return 1
+}
+
 sel() {
 	[[ ${#selected[@]} -eq 0 ]] && return 0
 	local n
@@ -213,6 +246,11 @@ main() {
 		fi
 		ln -sfn "ipam-in-cluster-$ipam_version/config" "$cache/ipam-in-cluster"
 	fi
+
+	# --- Peer providers, for hack/bench.sh only: built when named ------------
+	peer capk sigs.k8s.io/cluster-api-provider-kubevirt sigs.k8s.io/cluster-api-provider-kubevirt
+	peer capmox github.com/ionos-cloud/cluster-api-provider-proxmox \
+		github.com/ionos-cloud/cluster-api-provider-proxmox/cmd
 
 	if [[ ${#built[@]} -eq 0 ]]; then
 		echo "upstream binaries up to date in $cache/bin"
