@@ -263,7 +263,11 @@ where
 }
 
 /// Writes an object's status with server-side apply under tenantry's field
-/// manager; skips the write when nothing changed.
+/// manager; skips the write when nothing changed: when the object already
+/// shows `desired`, or when tenantry wrote exactly `desired` to this object
+/// (same UID) within [`RECENT_STATUS`] — a reconcile woken by another watch
+/// may still hold the object from before its own last write, and writing the
+/// same status again only costs a request and wakes everyone up.
 pub async fn apply_status<K, S>(
     api: &Api<K>,
     object: &K,
@@ -275,6 +279,11 @@ where
     S: Serialize + PartialEq,
 {
     if current == Some(desired) {
+        return Ok(());
+    }
+    let uid = object.meta().uid.clone().unwrap_or_default();
+    let fingerprint = status_fingerprint(desired);
+    if !uid.is_empty() && written_recently().matches(&uid, fingerprint) {
         return Ok(());
     }
     let name = object.meta().name.clone().unwrap_or_default();
@@ -289,12 +298,71 @@ where
         &Patch::Apply(&patch),
     )
     .await?;
+    if !uid.is_empty() {
+        written_recently().record(uid, fingerprint);
+    }
     Ok(())
+}
+
+/// How long a status write is remembered (see [`apply_status`]): longer than
+/// a watch takes to deliver the write back, short enough that a status
+/// changed behind tenantry's back is put right on the next resync.
+pub const RECENT_STATUS: Duration = Duration::from_secs(30);
+
+fn status_fingerprint<S: Serialize>(status: &S) -> u64 {
+    use std::hash::Hasher as _;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    hasher.write(&serde_json::to_vec(status).unwrap_or_default());
+    hasher.finish()
+}
+
+/// The status tenantry last wrote per object UID, and when.
+#[derive(Default)]
+struct RecentStatusWrites {
+    writes: Mutex<HashMap<String, (u64, std::time::Instant)>>,
+}
+
+impl RecentStatusWrites {
+    fn matches(&self, uid: &str, fingerprint: u64) -> bool {
+        let writes = self.writes.lock().expect("recent status writes");
+        writes
+            .get(uid)
+            .is_some_and(|(last, at)| *last == fingerprint && at.elapsed() < RECENT_STATUS)
+    }
+
+    fn record(&self, uid: String, fingerprint: u64) {
+        let mut writes = self.writes.lock().expect("recent status writes");
+        // Forget what is too old to matter, so deleted objects do not pile up.
+        if writes.len() > 1024 {
+            writes.retain(|_, (_, at)| at.elapsed() < RECENT_STATUS);
+        }
+        writes.insert(uid, (fingerprint, std::time::Instant::now()));
+    }
+}
+
+fn written_recently() -> &'static RecentStatusWrites {
+    static WRITES: std::sync::OnceLock<RecentStatusWrites> = std::sync::OnceLock::new();
+    WRITES.get_or_init(RecentStatusWrites::default)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_written_recently_is_not_written_again() {
+        let writes = RecentStatusWrites::default();
+        let first = status_fingerprint(&serde_json::json!({ "ready": true }));
+        let second = status_fingerprint(&serde_json::json!({ "ready": false }));
+        assert!(!writes.matches("uid-1", first));
+        writes.record("uid-1".into(), first);
+        assert!(writes.matches("uid-1", first));
+        assert!(
+            !writes.matches("uid-1", second),
+            "a different status is written"
+        );
+        assert!(!writes.matches("uid-2", first), "another object is written");
+    }
 
     #[test]
     fn backoff_doubles_up_to_five_minutes_and_resets() {

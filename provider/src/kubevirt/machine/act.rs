@@ -7,14 +7,13 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
-use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
 use tenantry_api::kubevirt::KubevirtMachine;
 
+use super::cache::Caches;
 use crate::kubevirt::infra::InfraCluster;
-use crate::kubevirt::render::{MACHINE_NAME_LABEL, MACHINE_NAMESPACE_LABEL};
 use crate::runtime::FIELD_MANAGER;
 
 /// The Secret holding a machine's bootstrap data for the config drive.
@@ -136,27 +135,28 @@ impl Remains {
 pub async fn delete_machine_objects(
     machine: &KubevirtMachine,
     infra: &InfraCluster,
+    caches: &Caches,
 ) -> kube::Result<Remains> {
     let name = machine.metadata.name.clone().unwrap_or_default();
     let machine_namespace = machine.metadata.namespace.clone().unwrap_or_default();
     let client = &infra.client;
     let namespace = &infra.namespace;
     let vms = Api::<VirtualMachine>::namespaced(client.clone(), namespace);
-    let vmis = Api::<VirtualMachineInstance>::namespaced(client.clone(), namespace);
     let dvs = Api::<DataVolume>::namespaced(client.clone(), namespace);
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
 
     let mut remains = Remains::default();
-    if let Some(vm) = vms.get_opt(&name).await? {
+    if let Some(vm) = caches.vm(infra, &name).await? {
         remains.virtual_machine = true;
         if vm.metadata.deletion_timestamp.is_none() {
             delete_ignoring_absent(&vms, &name).await?;
         }
     }
-    remains.instance = vmis.get_opt(&name).await?.is_some();
-    let selector =
-        format!("{MACHINE_NAME_LABEL}={name},{MACHINE_NAMESPACE_LABEL}={machine_namespace}");
-    for dv in dvs.list(&ListParams::default().labels(&selector)).await? {
+    remains.instance = caches.vmi(infra, &name).await?.is_some();
+    for dv in caches
+        .data_volumes(infra, &name, &machine_namespace)
+        .await?
+    {
         let dv_name = dv.metadata.name.clone().unwrap_or_default();
         if dv.metadata.deletion_timestamp.is_none() && !remains.virtual_machine {
             delete_ignoring_absent(&dvs, &dv_name).await?;

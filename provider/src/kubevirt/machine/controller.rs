@@ -7,13 +7,14 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::Event as Finalizer;
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
-use tenantry_api::kubevirt::{KUBEVIRT_MACHINE_FINALIZER, KubevirtMachine};
+use tenantry_api::kubevirt::{KUBEVIRT_MACHINE_FINALIZER, KubevirtCluster, KubevirtMachine};
 
+use super::cache::Caches;
 use super::reconcile::{self, Error};
 use crate::capi::{Cluster, Machine};
 use crate::kubevirt::infra::InfraClients;
@@ -24,6 +25,7 @@ use crate::runtime::{self, Context};
 pub struct MachineContext {
     pub base: Arc<Context>,
     pub infra: InfraClients,
+    pub caches: Caches,
 }
 
 /// Maps an object labelled with its machine's name and namespace (VM, VMI,
@@ -36,66 +38,105 @@ fn labelled_machine<K: kube::Resource>(object: &K) -> Option<ObjectRef<KubevirtM
     )
 }
 
+/// How long a machine's triggers are gathered before it is reconciled.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Runs the controller until the stream ends (on shutdown).
 pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let machines: Api<KubevirtMachine> = config.api(&client);
-    let ctx = Arc::new(MachineContext {
-        base,
-        infra: InfraClients::default(),
-    });
-    let controller = Controller::new(machines, config.watcher_config());
-    let store = controller.store();
     // Only objects tenantry labelled are watched in the infrastructure
     // (management) cluster.
     let labelled = watcher::Config::default()
         .labels(MACHINE_NAME_LABEL)
         .any_semantic();
+    // Each watch feeds a store (read by reconciles, see cache.rs) and
+    // triggers reconciles of the machines it concerns.
+    let (vms, vm_writer) = reflector::store();
+    let (vmis, vmi_writer) = reflector::store();
+    let (data_volumes, dv_writer) = reflector::store();
+    let (owner_machines, machine_writer) = reflector::store();
+    let (clusters, cluster_writer) = reflector::store();
+    let (kubevirt_clusters, kubevirt_cluster_writer) = reflector::store();
+    let vm_stream = watcher(config.api::<VirtualMachine>(&client), labelled.clone())
+        .default_backoff()
+        .reflect(vm_writer)
+        .touched_objects();
+    let vmi_stream = watcher(
+        config.api::<VirtualMachineInstance>(&client),
+        labelled.clone(),
+    )
+    .default_backoff()
+    .reflect(vmi_writer)
+    .touched_objects();
+    let dv_stream = watcher(config.api::<DataVolume>(&client), labelled)
+        .default_backoff()
+        .reflect(dv_writer)
+        .touched_objects();
+    let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
+        .default_backoff()
+        .reflect(machine_writer)
+        .touched_objects();
+    let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
+        .default_backoff()
+        .reflect(cluster_writer)
+        .touched_objects();
+    let kubevirt_cluster_stream = watcher(
+        config.api::<KubevirtCluster>(&client),
+        config.watcher_config(),
+    )
+    .default_backoff()
+    .reflect(kubevirt_cluster_writer)
+    .touched_objects();
+    let ctx = Arc::new(MachineContext {
+        base,
+        infra: InfraClients::default(),
+        caches: Caches {
+            machines: owner_machines,
+            clusters,
+            kubevirt_clusters,
+            vms,
+            vmis,
+            data_volumes,
+            watched_namespace: config.namespace.clone(),
+        },
+    });
+    let controller = Controller::new(machines, config.watcher_config());
+    let store = controller.store();
     controller
-        .watches(
-            config.api::<VirtualMachine>(&client),
-            labelled.clone(),
-            |vm| labelled_machine(&vm),
-        )
-        .watches(
-            config.api::<VirtualMachineInstance>(&client),
-            labelled.clone(),
-            |vmi| labelled_machine(&vmi),
-        )
-        .watches(config.api::<DataVolume>(&client), labelled, |dv| {
-            labelled_machine(&dv)
+        // A VM's start is a burst of VMI and VM status changes; one
+        // reconcile after the burst sees the same end state as one per
+        // change, for a fraction of the requests.
+        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+        .watches_stream(vm_stream, |vm| labelled_machine(&vm))
+        .watches_stream(vmi_stream, |vmi| labelled_machine(&vmi))
+        .watches_stream(dv_stream, |dv| labelled_machine(&dv))
+        .watches_stream(machine_stream, |machine| {
+            let reference = &machine.spec.infrastructure_ref;
+            (reference.kind == "KubevirtMachine").then(|| {
+                ObjectRef::new(&reference.name)
+                    .within(machine.metadata.namespace.as_deref().unwrap_or_default())
+            })
         })
-        .watches(
-            config.api::<Machine>(&client),
-            config.watcher_config(),
-            |machine| {
-                let reference = &machine.spec.infrastructure_ref;
-                (reference.kind == "KubevirtMachine").then(|| {
-                    ObjectRef::new(&reference.name)
-                        .within(machine.metadata.namespace.as_deref().unwrap_or_default())
+        .watches_stream(cluster_stream, move |cluster| {
+            // A Cluster change (unpause, infrastructure provisioned, control
+            // plane initialized) concerns all of its machines.
+            let name = cluster.metadata.name.clone().unwrap_or_default();
+            let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
+            store
+                .state()
+                .into_iter()
+                .filter(|m| {
+                    m.metadata.namespace.as_deref() == Some(namespace.as_str())
+                        && crate::capi::owner::cluster_name(&m.metadata) == Some(name.as_str())
                 })
-            },
-        )
-        .watches(
-            config.api::<Cluster>(&client),
-            config.watcher_config(),
-            move |cluster| {
-                // A Cluster change (unpause, infrastructure provisioned, control
-                // plane initialized) concerns all of its machines.
-                let name = cluster.metadata.name.clone().unwrap_or_default();
-                let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|m| {
-                        m.metadata.namespace.as_deref() == Some(namespace.as_str())
-                            && crate::capi::owner::cluster_name(&m.metadata) == Some(name.as_str())
-                    })
-                    .map(|m| ObjectRef::from_obj(m.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+                .map(|m| ObjectRef::from_obj(m.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        // Read only (infraClusterSecretRef, SSH keys); the Cluster watch
+        // wakes the machines when the KubevirtCluster gets ready.
+        .watches_stream(kubevirt_cluster_stream, |_| None)
         .shutdown_on_signal()
         .run(reconcile_machine, error_policy, ctx)
         .for_each(|result| async move {

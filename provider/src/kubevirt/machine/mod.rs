@@ -3,6 +3,7 @@
 //! (`act.rs`) → report (status and events).
 
 pub mod act;
+pub mod cache;
 pub mod cloud_config;
 pub mod controller;
 pub mod decide;

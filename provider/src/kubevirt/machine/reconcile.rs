@@ -6,14 +6,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tenantry_api::contract::{
     CONTROL_PLANE_LABEL, MachineAddress, MachineInitialization, READY_CONDITION,
 };
-use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
 use tenantry_api::kubevirt::{KubevirtCluster, KubevirtMachine, KubevirtMachineStatus};
@@ -29,9 +28,7 @@ use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::owner;
 use crate::capi::pause;
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
-use crate::kubevirt::render::{
-    self, MACHINE_NAME_LABEL, MACHINE_NAMESPACE_LABEL, MachineRole, VmPlacement,
-};
+use crate::kubevirt::render::{self, MachineRole, VmPlacement};
 use crate::kubevirt::ssh::{self, SshKeyPair};
 use crate::runtime::{self, ReconcileError};
 
@@ -115,7 +112,7 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     // a paused cluster's new machines say so even before CAPI adopts them.
     let labelled_cluster = owner::cluster_name(&machine.metadata).map(str::to_string);
     let mut cluster = match &labelled_cluster {
-        Some(cluster_name) => owner::get_cluster(client, &namespace, cluster_name).await?,
+        Some(cluster_name) => ctx.caches.cluster(client, &namespace, cluster_name).await?,
         None => None,
     };
     let paused = pause::paused_by(cluster.as_ref(), &machine.metadata);
@@ -123,7 +120,7 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         report_paused(&api, &machine, paused).await?;
         return Ok(Action::await_change());
     }
-    let Some(owner_machine) = owner::get_owner_machine(client, &machine.metadata).await? else {
+    let Some(owner_machine) = ctx.caches.owner_machine(client, &machine.metadata).await? else {
         report(
             &api,
             &machine,
@@ -137,7 +134,10 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     };
     let cluster_name = labelled_cluster.unwrap_or_else(|| owner_machine.spec.cluster_name.clone());
     if cluster.is_none() {
-        cluster = owner::get_cluster(client, &namespace, &cluster_name).await?;
+        cluster = ctx
+            .caches
+            .cluster(client, &namespace, &cluster_name)
+            .await?;
         let paused = pause::paused_by(cluster.as_ref(), &machine.metadata);
         if paused.is_some() {
             report_paused(&api, &machine, paused).await?;
@@ -228,8 +228,8 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     // if the KubevirtCluster is gone first.
     let kubevirt_cluster = match cluster.spec.infrastructure_ref.as_ref() {
         Some(infra_ref) if infra_ref.kind == "KubevirtCluster" => {
-            Api::<KubevirtCluster>::namespaced(client.clone(), &namespace)
-                .get_opt(&infra_ref.name)
+            ctx.caches
+                .kubevirt_cluster(client, &namespace, &infra_ref.name)
                 .await?
         }
         _ => None,
@@ -340,12 +340,14 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         userdata_secret: &placement_userdata,
     };
     let labels = render::machine_labels(&name, &namespace, &placement);
-    act::apply_userdata_secret(&machine, &infra, &labels, &userdata).await?;
-
     let vms = Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace);
-    let vm = match vms.get_opt(&name).await? {
+    let vm = match ctx.caches.vm(&infra, &name).await? {
+        // The guest read its userdata at first boot; CAPI's bootstrap data
+        // does not change once set, so the Secret is written only before
+        // the VM exists.
         Some(vm) => vm,
         None => {
+            act::apply_userdata_secret(&machine, &infra, &labels, &userdata).await?;
             let desired = match render::desired_virtual_machine(&machine, &placement) {
                 Ok(desired) => desired,
                 Err(error) => {
@@ -409,15 +411,8 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     };
 
     // Observe the VM's instance and disks, decide what they mean.
-    let vmi = Api::<VirtualMachineInstance>::namespaced(infra.client.clone(), &infra.namespace)
-        .get_opt(&name)
-        .await?;
-    let data_volumes = Api::<DataVolume>::namespaced(infra.client.clone(), &infra.namespace)
-        .list(&ListParams::default().labels(&format!(
-            "{MACHINE_NAME_LABEL}={name},{MACHINE_NAMESPACE_LABEL}={namespace}"
-        )))
-        .await?
-        .items;
+    let vmi = ctx.caches.vmi(&infra, &name).await?;
+    let data_volumes = ctx.caches.data_volumes(&infra, &name, &namespace).await?;
     let VmState {
         condition: vm_condition,
         ready,
@@ -515,7 +510,7 @@ pub async fn cleanup(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Res
     let api: Api<KubevirtMachine> = Api::namespaced(client.clone(), &namespace);
     let cluster_name = owner::cluster_name(&machine.metadata).map(str::to_string);
     let cluster = match &cluster_name {
-        Some(cluster_name) => owner::get_cluster(client, &namespace, cluster_name).await?,
+        Some(cluster_name) => ctx.caches.cluster(client, &namespace, cluster_name).await?,
         None => None,
     };
     let paused = pause::paused_by(cluster.as_ref(), &machine.metadata);
@@ -557,7 +552,7 @@ pub async fn cleanup(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Res
             return Err(Error::Waiting(message, Duration::from_secs(30)));
         }
     };
-    let remains = act::delete_machine_objects(&machine, &infra).await?;
+    let remains = act::delete_machine_objects(&machine, &infra, &ctx.caches).await?;
     if remains.is_empty() {
         tracing::info!(machine = %name, "VirtualMachine and its objects are gone; releasing the finalizer");
         return Ok(Action::await_change());
