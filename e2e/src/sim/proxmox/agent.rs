@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
-use super::guest::{self, agent_enabled};
+use super::guest::{self, GuestState, agent_enabled};
 use super::params::{Kind, Schema, optional, required};
 use super::router::{Call, Reply};
 use super::state::Vm;
@@ -115,9 +115,12 @@ pub fn ping(call: &mut Call<'_>) -> ApiResult<Reply> {
 }
 
 /// POST …/agent/exec — VM.GuestAgent.Unrestricted. The guest knows one
-/// command, `cloud-init status`, which reports done once it has booted.
+/// command, `cloud-init status` (see [`cloud_init_status`]); anything else
+/// runs and fails as a shell would.
 pub fn exec(call: &mut Call<'_>) -> ApiResult<Reply> {
     let command = call.params.array("command");
+    let has_cloud_init = call.cluster.guest_os.cloud_init;
+    let cloud_init_time = call.shared.config.timings.cloud_init;
     let vm = agent_call(
         call,
         "VM.GuestAgent.Unrestricted",
@@ -132,11 +135,14 @@ pub fn exec(call: &mut Call<'_>) -> ApiResult<Reply> {
         ));
     }
     let outcome = match command.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["cloud-init", "status", ..] => ExecResult {
-            exitcode: 0,
-            out_data: "status: done\n".into(),
-            err_data: String::new(),
-        },
+        // qemu-ga cannot spawn a program the image does not have; PVE
+        // passes its error on.
+        ["cloud-init", ..] if !has_cloud_init => {
+            return Err(ApiError::internal(
+                "Agent error: Failed to execute child process \"cloud-init\" (No such file or directory)",
+            ));
+        }
+        ["cloud-init", "status", ..] => cloud_init_status(vm, cloud_init_time),
         _ => ExecResult {
             exitcode: 127,
             out_data: String::new(),
@@ -146,6 +152,23 @@ pub fn exec(call: &mut Call<'_>) -> ApiResult<Reply> {
     let pid = 1000 + vm.guest.exec_results.len() as u32;
     vm.guest.exec_results.insert(pid, outcome);
     Ok(json!({ "pid": pid }).into())
+}
+
+/// What `cloud-init status` prints: `disabled` when the guest found no
+/// NoCloud seed at boot (no datasource, so cloud-init does not run),
+/// `running` for `cloud_init` after the agent came up (the agent starts
+/// before cloud-init's last stage ends), then `done`; exit code 0 each time.
+fn cloud_init_status(vm: &Vm, cloud_init: std::time::Duration) -> ExecResult {
+    let status = match (&vm.guest.nocloud, &vm.guest.state) {
+        (None, _) => "disabled",
+        (Some(_), GuestState::Up { since }) if since.elapsed() < cloud_init => "running",
+        (Some(_), _) => "done",
+    };
+    ExecResult {
+        exitcode: 0,
+        out_data: format!("status: {status}\n"),
+        err_data: String::new(),
+    }
 }
 
 /// GET …/agent/exec-status — VM.GuestAgent.Unrestricted.
@@ -169,4 +192,50 @@ pub fn exec_status(call: &mut Call<'_>) -> ApiResult<Reply> {
         "err-data": outcome.err_data,
     })
     .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+
+    use super::super::cloud_init::{MetaData, NetworkConfig};
+    use super::super::guest::NoCloud;
+    use super::*;
+
+    fn seed() -> NoCloud {
+        NoCloud {
+            volid: "local:iso/seed.iso".into(),
+            label: "cidata".into(),
+            user_data: "#cloud-config\n".into(),
+            meta_data: String::new(),
+            meta: MetaData::default(),
+            network_config: None,
+            network: Ok(NetworkConfig::default()),
+        }
+    }
+
+    fn status(vm: &Vm, cloud_init: Duration) -> String {
+        cloud_init_status(vm, cloud_init).out_data
+    }
+
+    #[test]
+    fn cloud_init_runs_after_the_agent_answers_then_is_done() {
+        let mut vm = Vm::new(100, "pve", BTreeMap::new());
+        vm.guest.nocloud = Some(seed());
+        vm.guest.state = GuestState::Up {
+            since: Instant::now(),
+        };
+        assert_eq!(status(&vm, Duration::from_secs(60)), "status: running\n");
+        assert_eq!(status(&vm, Duration::ZERO), "status: done\n");
+    }
+
+    #[test]
+    fn cloud_init_without_a_seed_is_disabled() {
+        let mut vm = Vm::new(100, "pve", BTreeMap::new());
+        vm.guest.state = GuestState::Up {
+            since: Instant::now(),
+        };
+        assert_eq!(status(&vm, Duration::ZERO), "status: disabled\n");
+    }
 }

@@ -217,6 +217,10 @@ pub struct Timings {
     /// From `qmstart` finishing to the guest having read its NoCloud data
     /// and its agent answering.
     pub guest_boot: Duration,
+    /// How long cloud-init keeps running after the agent answers (on a
+    /// guest OS that has cloud-init): `cloud-init status` says `running`
+    /// until then, `done` after.
+    pub cloud_init: Duration,
     /// How long an ACPI shutdown/reboot waits for a guest that ignores it.
     pub shutdown_timeout: Duration,
     /// PVE delays every 401 answer by 3 s to slow down password guessing.
@@ -233,6 +237,7 @@ impl Timings {
                 .map(|(t, ms)| (t.to_string(), Duration::from_millis(ms)))
                 .collect(),
             guest_boot: Duration::from_millis(200),
+            cloud_init: Duration::ZERO,
             shutdown_timeout: Duration::from_millis(500),
             auth_failure_delay: Duration::from_millis(200),
         }
@@ -247,6 +252,7 @@ impl Timings {
                 .map(|(t, ms)| (t.to_string(), Duration::from_millis(ms)))
                 .collect(),
             guest_boot: Duration::from_secs(5),
+            cloud_init: Duration::from_secs(3),
             shutdown_timeout: Duration::from_secs(10),
             auth_failure_delay: Duration::from_secs(3),
         }
@@ -257,7 +263,8 @@ impl Timings {
     }
 }
 
-/// What the guest agent's `get-osinfo` reports.
+/// What the guest agent's `get-osinfo` reports, and whether the image runs
+/// cloud-init (Talos reads its NoCloud seed itself and has no `cloud-init`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestOsInfo {
     pub id: String,
@@ -266,6 +273,22 @@ pub struct GuestOsInfo {
     pub version: String,
     pub version_id: String,
     pub kernel_release: String,
+    pub cloud_init: bool,
+}
+
+impl GuestOsInfo {
+    /// An Ubuntu cloud image: cloud-init reads the NoCloud seed.
+    pub fn ubuntu() -> Self {
+        Self {
+            id: "ubuntu".into(),
+            name: "Ubuntu".into(),
+            pretty_name: "Ubuntu 24.04.3 LTS".into(),
+            version: "24.04.3 LTS (Noble Numbat)".into(),
+            version_id: "24.04".into(),
+            kernel_release: "6.8.0-85-generic".into(),
+            cloud_init: true,
+        }
+    }
 }
 
 impl Default for GuestOsInfo {
@@ -277,6 +300,7 @@ impl Default for GuestOsInfo {
             version: "v1.11.0".into(),
             version_id: "1.11.0".into(),
             kernel_release: "6.12.43-talos".into(),
+            cloud_init: false,
         }
     }
 }
@@ -480,6 +504,7 @@ pub struct FileTimings {
     #[serde(default)]
     pub tasks_ms: BTreeMap<String, u64>,
     pub guest_boot_ms: Option<u64>,
+    pub cloud_init_ms: Option<u64>,
     pub shutdown_timeout_ms: Option<u64>,
     pub auth_failure_delay_ms: Option<u64>,
 }
@@ -540,6 +565,9 @@ impl FileConfig {
             }
             if let Some(v) = t.guest_boot_ms {
                 config.timings.guest_boot = ms(v);
+            }
+            if let Some(v) = t.cloud_init_ms {
+                config.timings.cloud_init = ms(v);
             }
             if let Some(v) = t.shutdown_timeout_ms {
                 config.timings.shutdown_timeout = ms(v);
