@@ -66,14 +66,15 @@ pub async fn apply_userdata_secret(
     Ok(())
 }
 
-/// Creates the VM unless it exists. An existing VM is never replaced: its
-/// disks hold the machine's state, and a changed template rolls machines
-/// through CAPI instead.
+/// Creates the VM unless it exists, returning the created VM (`None` when
+/// it existed). An existing VM is never replaced: its disks hold the
+/// machine's state, and a changed template rolls machines through CAPI
+/// instead.
 pub async fn create_virtual_machine(
     machine: &KubevirtMachine,
     infra: &InfraCluster,
     mut vm: VirtualMachine,
-) -> kube::Result<bool> {
+) -> kube::Result<Option<VirtualMachine>> {
     vm.metadata.owner_references = owner(machine, infra);
     let api = Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace);
     match api
@@ -86,8 +87,8 @@ pub async fn create_virtual_machine(
         )
         .await
     {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Ok(created) => Ok(Some(created)),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(error) => Err(error),
     }
 }

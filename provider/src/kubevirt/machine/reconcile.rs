@@ -369,9 +369,11 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
                     return Ok(Action::await_change());
                 }
             };
-            match act::create_virtual_machine(&machine, &infra, desired.clone()).await {
+            let created_vm = match act::create_virtual_machine(&machine, &infra, desired.clone())
+                .await
+            {
                 Ok(created) => {
-                    if created {
+                    if created.is_some() {
                         tracing::info!(machine = %name, namespace = %infra.namespace, "created VirtualMachine");
                         ctx.base
                             .event(
@@ -382,6 +384,7 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
                             )
                             .await;
                     }
+                    created
                 }
                 Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => {
                     let message = format!(
@@ -405,8 +408,13 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
                     return Ok(Action::requeue(Duration::from_secs(60)));
                 }
                 Err(error) => return Err(error.into()),
+            };
+            // The create answer is the VM; only one made by someone else
+            // (409) is read back.
+            match created_vm {
+                Some(vm) => vm,
+                None => vms.get_opt(&name).await?.unwrap_or(desired),
             }
-            vms.get_opt(&name).await?.unwrap_or(desired)
         }
     };
 
