@@ -456,45 +456,23 @@ async fn create_deployment(world: &World) -> anyhow::Result<()> {
             }),
         )
         .await?;
-    let labels = json!({ "cluster.x-k8s.io/deployment-name": DEPLOYMENT });
     world
         .create(
             &capi("v1beta2", "MachineDeployment", "machinedeployments"),
-            json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2",
-                "kind": "MachineDeployment",
-                "metadata": { "name": DEPLOYMENT, "namespace": NAMESPACE },
-                "spec": {
-                    "clusterName": CLUSTER,
-                    "replicas": 0,
-                    "selector": { "matchLabels": labels },
-                    "template": {
-                        "metadata": { "labels": labels },
-                        "spec": {
-                            "clusterName": CLUSTER,
-                            "version": "v1.35.0",
-                            "bootstrap": { "dataSecretName": SHARED_BOOTSTRAP },
-                            "infrastructureRef": { "apiGroup": GROUP, "kind": "KubevirtMachineTemplate", "name": TEMPLATE }
-                        }
-                    }
-                }
-            }),
+            super::machine_deployment(
+                DEPLOYMENT,
+                CLUSTER,
+                SHARED_BOOTSTRAP,
+                "KubevirtMachineTemplate",
+                TEMPLATE,
+            ),
         )
         .await?;
     Ok(())
 }
 
 async fn scale(world: &World, replicas: usize) -> anyhow::Result<()> {
-    world
-        .api(&capi("v1beta2", "MachineDeployment", "machinedeployments"))
-        .patch(
-            DEPLOYMENT,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "replicas": replicas } })),
-        )
-        .await
-        .context("scale the MachineDeployment")?;
-    Ok(())
+    super::scale_deployment(&world.client, DEPLOYMENT, replicas).await
 }
 
 /// Per machine, as a MachineSet would make it: its bootstrap Secret, the

@@ -273,6 +273,59 @@ pub fn latencies(
         .collect()
 }
 
+/// The MachineDeployment of a Cluster API core run: `name` in cluster
+/// `cluster`, at zero replicas, Machines taking the ready bootstrap Secret
+/// `bootstrap` and infrastructure from the `template_kind` `template`.
+pub fn machine_deployment(
+    name: &str,
+    cluster: &str,
+    bootstrap: &str,
+    template_kind: &str,
+    template: &str,
+) -> serde_json::Value {
+    let labels = serde_json::json!({ "cluster.x-k8s.io/deployment-name": name });
+    serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "MachineDeployment",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": {
+            "clusterName": cluster,
+            "replicas": 0,
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "clusterName": cluster,
+                    "version": "v1.35.0",
+                    "bootstrap": { "dataSecretName": bootstrap },
+                    "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": template_kind, "name": template }
+                }
+            }
+        }
+    })
+}
+
+/// Scales the MachineDeployment `name` to `replicas`.
+pub async fn scale_deployment(
+    client: &kube::Client,
+    name: &str,
+    replicas: usize,
+) -> anyhow::Result<()> {
+    Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &capi("v1beta2", "MachineDeployment", "machinedeployments"),
+    )
+    .patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({ "spec": { "replicas": replicas } })),
+    )
+    .await
+    .context("scale the MachineDeployment")?;
+    Ok(())
+}
+
 /// A kube config for the control plane's admin, for clients counted by a
 /// [`requests::RequestTally`].
 pub async fn admin_config(control_plane: &crate::ControlPlane) -> anyhow::Result<kube::Config> {
