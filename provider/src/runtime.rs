@@ -267,24 +267,25 @@ where
 /// shows `desired`, or when tenantry wrote exactly `desired` to this object
 /// (same UID) within [`RECENT_STATUS`] — a reconcile woken by another watch
 /// may still hold the object from before its own last write, and writing the
-/// same status again only costs a request and wakes everyone up.
+/// same status again only costs a request and wakes everyone up. Returns
+/// the object as written, or `None` when nothing was written.
 pub async fn apply_status<K, S>(
     api: &Api<K>,
     object: &K,
     current: Option<&S>,
     desired: &S,
-) -> kube::Result<()>
+) -> kube::Result<Option<K>>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
     S: Serialize + PartialEq,
 {
     if current == Some(desired) {
-        return Ok(());
+        return Ok(None);
     }
     let uid = object.meta().uid.clone().unwrap_or_default();
     let fingerprint = status_fingerprint(desired);
     if !uid.is_empty() && written_recently().matches(&uid, fingerprint) {
-        return Ok(());
+        return Ok(None);
     }
     let name = object.meta().name.clone().unwrap_or_default();
     let patch = serde_json::json!({
@@ -292,16 +293,17 @@ where
         "kind": K::kind(&()),
         "status": desired,
     });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let updated = api
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     if !uid.is_empty() {
         written_recently().record(uid, fingerprint);
     }
-    Ok(())
+    Ok(Some(updated))
 }
 
 /// How long a status write is remembered (see [`apply_status`]): longer than

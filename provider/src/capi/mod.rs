@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod conditions;
 pub mod owner;
 pub mod pause;
+pub mod stores;
 
 pub use tenantry_api::generated::capi::cluster::Cluster;
 pub use tenantry_api::generated::capi::machine::Machine;

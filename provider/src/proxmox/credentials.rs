@@ -164,11 +164,23 @@ fn secret_data(data: Option<BTreeMap<String, ByteString>>) -> BTreeMap<String, V
 
 /// Clients by credentials source, rebuilt when the Secret changes. Keeping
 /// them keeps their connection pools: a TLS handshake per reconcile would
-/// cost the hypervisor more than the calls themselves.
+/// cost the hypervisor more than the calls themselves. The Secret is read
+/// again at most every [`SECRET_RECHECK`]: a rotated or deleted token is
+/// noticed within that, without a read per reconcile.
 #[derive(Default)]
 pub struct ClientCache {
-    clients: Mutex<HashMap<String, (String, ProxmoxClient)>>,
+    clients: Mutex<HashMap<String, CachedClient>>,
 }
+
+/// A client, the Secret version it was built from, and when that was read.
+struct CachedClient {
+    version: String,
+    client: ProxmoxClient,
+    checked: std::time::Instant,
+}
+
+/// How long a client is used without reading its Secret again.
+pub const SECRET_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl ClientCache {
     /// The client of a ProxmoxCluster, polling tasks with `tasks`.
@@ -179,47 +191,61 @@ impl ClientCache {
         tasks: &TaskWaitConfig,
     ) -> Result<ProxmoxClient, CredentialsError> {
         let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
-        let (key, version, source_name, data) =
-            match cluster.spec.credentials_secret_name(&namespace)? {
-                Some(name) => {
-                    let secret = Api::<Secret>::namespaced(kube.clone(), &namespace)
-                        .get_opt(name)
-                        .await?
-                        .ok_or_else(|| CredentialsError::SecretNotFound {
-                            namespace: namespace.clone(),
-                            name: name.to_string(),
-                        })?;
-                    let version = secret.metadata.resource_version.clone().unwrap_or_default();
-                    (
-                        format!("secret/{namespace}/{name}"),
-                        version,
-                        format!("{namespace}/{name}"),
-                        secret_data(secret.data),
-                    )
-                }
-                None => {
-                    let data = environment_credentials().ok_or(CredentialsError::NoCredentials)?;
-                    (
-                        "environment".to_string(),
-                        String::new(),
-                        "(manager environment)".to_string(),
-                        data,
-                    )
-                }
-            };
-        if let Some((cached_version, client)) = self.lock().get(&key)
-            && *cached_version == version
+        let secret_name = cluster.spec.credentials_secret_name(&namespace)?;
+        if let Some(name) = secret_name
+            && let Some(cached) = self.lock().get(&format!("secret/{namespace}/{name}"))
+            && cached.checked.elapsed() < SECRET_RECHECK
         {
-            return Ok(client.clone());
+            return Ok(cached.client.clone());
+        }
+        let (key, version, source_name, data) = match secret_name {
+            Some(name) => {
+                let secret = Api::<Secret>::namespaced(kube.clone(), &namespace)
+                    .get_opt(name)
+                    .await?
+                    .ok_or_else(|| CredentialsError::SecretNotFound {
+                        namespace: namespace.clone(),
+                        name: name.to_string(),
+                    })?;
+                let version = secret.metadata.resource_version.clone().unwrap_or_default();
+                (
+                    format!("secret/{namespace}/{name}"),
+                    version,
+                    format!("{namespace}/{name}"),
+                    secret_data(secret.data),
+                )
+            }
+            None => {
+                let data = environment_credentials().ok_or(CredentialsError::NoCredentials)?;
+                (
+                    "environment".to_string(),
+                    String::new(),
+                    "(manager environment)".to_string(),
+                    data,
+                )
+            }
+        };
+        if let Some(cached) = self.lock().get_mut(&key)
+            && cached.version == version
+        {
+            cached.checked = std::time::Instant::now();
+            return Ok(cached.client.clone());
         }
         let config = client_config(&source_name, &data)?.with_task_wait(tasks.clone());
         let client = ProxmoxClient::new(config)
             .map_err(|error| CredentialsError::Invalid { source_name, error })?;
-        self.lock().insert(key, (version, client.clone()));
+        self.lock().insert(
+            key,
+            CachedClient {
+                version,
+                client: client.clone(),
+                checked: std::time::Instant::now(),
+            },
+        );
         Ok(client)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, ProxmoxClient)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CachedClient>> {
         self.clients
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

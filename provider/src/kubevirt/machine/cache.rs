@@ -11,24 +11,22 @@
 //! infrastructure cluster, or a VM namespace outside the watch, is read from
 //! the apiserver as before.
 
-use futures::FutureExt as _;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
 use tenantry_api::kubevirt::KubevirtCluster;
 
-use crate::capi::owner;
-use crate::capi::{Cluster, Machine};
+use crate::capi::stores::{CapiStores, is_ready, lookup};
 use crate::kubevirt::infra::InfraCluster;
 use crate::kubevirt::render::{MACHINE_NAME_LABEL, MACHINE_NAMESPACE_LABEL};
 
 /// The controller's stores.
 #[derive(Clone)]
 pub struct Caches {
-    pub machines: Store<Machine>,
-    pub clusters: Store<Cluster>,
+    /// Owner Machines and Clusters.
+    pub capi: CapiStores,
     pub kubevirt_clusters: Store<KubevirtCluster>,
     pub vms: Store<VirtualMachine>,
     pub vmis: Store<VirtualMachineInstance>,
@@ -37,57 +35,7 @@ pub struct Caches {
     pub watched_namespace: Option<String>,
 }
 
-fn is_ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store
-        .wait_until_ready()
-        .now_or_never()
-        .is_some_and(|r| r.is_ok())
-}
-
-fn lookup<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<K>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
-{
-    store
-        .get(&ObjectRef::new(name).within(namespace))
-        .map(|object| (*object).clone())
-}
-
 impl Caches {
-    /// The Machine owning `meta`'s object, if any.
-    pub async fn owner_machine(
-        &self,
-        client: &kube::Client,
-        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    ) -> kube::Result<Option<Machine>> {
-        let (Some(owner), Some(namespace)) =
-            (owner::machine_owner(meta), meta.namespace.as_deref())
-        else {
-            return Ok(None);
-        };
-        if let Some(machine) = lookup(&self.machines, namespace, &owner.name) {
-            return Ok(Some(machine));
-        }
-        owner::get_owner_machine(client, meta).await
-    }
-
-    /// The Cluster `name` in `namespace`, if it exists.
-    pub async fn cluster(
-        &self,
-        client: &kube::Client,
-        namespace: &str,
-        name: &str,
-    ) -> kube::Result<Option<Cluster>> {
-        if let Some(cluster) = lookup(&self.clusters, namespace, name) {
-            return Ok(Some(cluster));
-        }
-        owner::get_cluster(client, namespace, name).await
-    }
-
     /// The KubevirtCluster `name` in `namespace`, if it exists.
     pub async fn kubevirt_cluster(
         &self,

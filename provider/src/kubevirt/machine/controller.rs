@@ -93,8 +93,10 @@ pub async fn run(base: Arc<Context>) {
         base,
         infra: InfraClients::default(),
         caches: Caches {
-            machines: owner_machines,
-            clusters,
+            capi: crate::capi::stores::CapiStores {
+                machines: owner_machines,
+                clusters,
+            },
             kubevirt_clusters,
             vms,
             vmis,

@@ -112,7 +112,12 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     // a paused cluster's new machines say so even before CAPI adopts them.
     let labelled_cluster = owner::cluster_name(&machine.metadata).map(str::to_string);
     let mut cluster = match &labelled_cluster {
-        Some(cluster_name) => ctx.caches.cluster(client, &namespace, cluster_name).await?,
+        Some(cluster_name) => {
+            ctx.caches
+                .capi
+                .cluster(client, &namespace, cluster_name)
+                .await?
+        }
         None => None,
     };
     let paused = pause::paused_by(cluster.as_ref(), &machine.metadata);
@@ -120,7 +125,12 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         report_paused(&api, &machine, paused).await?;
         return Ok(Action::await_change());
     }
-    let Some(owner_machine) = ctx.caches.owner_machine(client, &machine.metadata).await? else {
+    let Some(owner_machine) = ctx
+        .caches
+        .capi
+        .owner_machine(client, &machine.metadata)
+        .await?
+    else {
         report(
             &api,
             &machine,
@@ -136,6 +146,7 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     if cluster.is_none() {
         cluster = ctx
             .caches
+            .capi
             .cluster(client, &namespace, &cluster_name)
             .await?;
         let paused = pause::paused_by(cluster.as_ref(), &machine.metadata);
@@ -518,7 +529,12 @@ pub async fn cleanup(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Res
     let api: Api<KubevirtMachine> = Api::namespaced(client.clone(), &namespace);
     let cluster_name = owner::cluster_name(&machine.metadata).map(str::to_string);
     let cluster = match &cluster_name {
-        Some(cluster_name) => ctx.caches.cluster(client, &namespace, cluster_name).await?,
+        Some(cluster_name) => {
+            ctx.caches
+                .capi
+                .cluster(client, &namespace, cluster_name)
+                .await?
+        }
         None => None,
     };
     let paused = pause::paused_by(cluster.as_ref(), &machine.metadata);

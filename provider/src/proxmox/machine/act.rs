@@ -16,10 +16,11 @@ use tenantry_api::generated::capi::ip_address_claim::{
 };
 use tenantry_api::proxmox::ProxmoxMachine;
 
+use super::cache::Caches;
 use super::decide::{ClaimPlan, DeviceAddress, VmPresence};
 use crate::proxmox::client::{
-    ProxmoxClient, ProxmoxError, ResourceFilter, ResourceType, TaskOutcome, TaskWaitConfig, Upid,
-    VmConfig, VmStatus,
+    Pool, ProxmoxClient, ProxmoxError, ResourceFilter, ResourceType, TaskOutcome, TaskWaitConfig,
+    Upid, VmConfig, VmStatus,
 };
 use crate::runtime::FIELD_MANAGER;
 
@@ -46,9 +47,50 @@ pub async fn lookup_vm(
     vmid: u32,
     pool: Option<&str>,
 ) -> Result<(VmPresence, Option<VmFacts>, PoolStorages), ProxmoxError> {
+    let members = match pool {
+        Some(name) => Some(client.pools().get(name).await?),
+        None => None,
+    };
+    lookup_in(client, vmid, members).await
+}
+
+/// [`lookup_vm`] for the machine controller: the pool's members as read a
+/// moment ago (by any machine) answer when they hold the VM and the VM is
+/// still there; anything else reads the pool afresh, so a VM that just
+/// joined it is never taken for a lost one.
+pub async fn lookup_vm_cached(
+    client: &ProxmoxClient,
+    caches: &Caches,
+    vmid: u32,
+    pool: Option<&str>,
+) -> Result<(VmPresence, Option<VmFacts>, PoolStorages), ProxmoxError> {
+    if let Some(name) = pool
+        && let Some(snapshot) = caches.recent_pool(client, name)
+        && snapshot
+            .members
+            .iter()
+            .any(|m| m.member_type == ResourceType::Qemu && m.vmid == Some(vmid))
+    {
+        let found = lookup_in(client, vmid, Some(snapshot)).await?;
+        if matches!(found.0, VmPresence::InPool { .. }) {
+            return Ok(found);
+        }
+    }
+    let members = match pool {
+        Some(name) => Some(caches.read_pool(client, name).await?),
+        None => None,
+    };
+    lookup_in(client, vmid, members).await
+}
+
+/// [`lookup_vm`] with the pool's members at hand (`None`: no pool).
+async fn lookup_in(
+    client: &ProxmoxClient,
+    vmid: u32,
+    pool: Option<Pool>,
+) -> Result<(VmPresence, Option<VmFacts>, PoolStorages), ProxmoxError> {
     let (node, storages) = match pool {
         Some(pool) => {
-            let pool = client.pools().get(pool).await?;
             let node = pool
                 .members
                 .iter()
@@ -177,19 +219,6 @@ pub async fn own_clone_running(
     Ok(false)
 }
 
-/// The first free VM ID among `candidates`.
-pub async fn first_free_vmid(
-    client: &ProxmoxClient,
-    candidates: &[u32],
-) -> Result<Option<u32>, ProxmoxError> {
-    for vmid in candidates {
-        if client.cluster().is_vmid_free(*vmid).await? {
-            return Ok(Some(*vmid));
-        }
-    }
-    Ok(None)
-}
-
 /// How a task a reconcile waited for ended.
 #[derive(Debug)]
 pub enum TaskPoll {
@@ -287,6 +316,7 @@ pub enum Addresses {
 /// with it) and reads the addresses of all.
 pub async fn ensure_addresses(
     client: &kube::Client,
+    caches: &Caches,
     machine: &ProxmoxMachine,
     cluster_name: &str,
     plans: &[ClaimPlan],
@@ -298,7 +328,7 @@ pub async fn ensure_addresses(
     let mut allocated = Vec::new();
     let mut pending = Vec::new();
     for plan in plans {
-        let claim = match claims.get_opt(&plan.name).await? {
+        let claim = match caches.claim(&claims, &namespace, &plan.name).await? {
             Some(claim) => claim,
             None => {
                 let claim = IpAddressClaim {
@@ -349,7 +379,10 @@ pub async fn ensure_addresses(
                     && !c.message.is_empty()
             });
         match status.and_then(|s| s.address_ref.as_ref()) {
-            Some(reference) => match addresses.get_opt(&reference.name).await? {
+            Some(reference) => match caches
+                .address(&addresses, &namespace, &reference.name)
+                .await?
+            {
                 Some(address) => match address.spec.address.parse::<IpAddr>() {
                     Ok(ip) => allocated.push(DeviceAddress {
                         device: plan.device.clone(),

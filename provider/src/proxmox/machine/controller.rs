@@ -7,13 +7,16 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::Event as Finalizer;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use tenantry_api::generated::capi::ip_address::IpAddress;
 use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
 use tenantry_api::proxmox::{PROXMOX_MACHINE_FINALIZER, ProxmoxCluster, ProxmoxMachine};
 
 use super::act::MACHINE_LABEL;
+use super::cache::Caches;
 use super::reconcile::{self, Error};
+use crate::capi::stores::CapiStores;
 use crate::capi::{Cluster, Machine};
 use crate::proxmox::credentials::ClientCache;
 use crate::runtime::{self, Context};
@@ -25,7 +28,12 @@ pub struct MachineContext {
     /// Every ProxmoxMachine the controller sees: the VM IDs other machines
     /// reserved and where a cluster's machines run.
     pub machines: Store<ProxmoxMachine>,
+    /// What reconciles read from memory instead of asking again.
+    pub caches: Caches,
 }
+
+/// How long a machine's triggers are gathered before it is reconciled.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The machines of a cluster, from the store.
 fn machines_of(
@@ -51,47 +59,91 @@ pub async fn run(base: Arc<Context>) {
     let machines: Api<ProxmoxMachine> = config.api(&client);
     let controller = Controller::new(machines, config.watcher_config());
     let store = controller.store();
+    // Each watch feeds a store (read by reconciles, see cache.rs) and
+    // triggers reconciles of the machines it concerns.
+    let labelled = watcher::Config::default()
+        .labels(MACHINE_LABEL)
+        .any_semantic();
+    let (owner_machines, machine_writer) = reflector::store();
+    let (clusters, cluster_writer) = reflector::store();
+    let (proxmox_clusters, proxmox_cluster_writer) = reflector::store();
+    let (claims, claim_writer) = reflector::store();
+    let (addresses, address_writer) = reflector::store();
+    let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
+        .default_backoff()
+        .reflect(machine_writer)
+        .touched_objects();
+    let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
+        .default_backoff()
+        .reflect(cluster_writer)
+        .touched_objects();
+    let proxmox_cluster_stream = watcher(
+        config.api::<ProxmoxCluster>(&client),
+        config.watcher_config(),
+    )
+    .default_backoff()
+    .reflect(proxmox_cluster_writer)
+    .touched_objects();
+    let claim_stream = watcher(config.api::<IpAddressClaim>(&client), labelled)
+        .default_backoff()
+        .reflect(claim_writer)
+        .touched_objects();
+    // IPAddresses carry the IPAM provider's labels, not ours: all of the
+    // watched namespace(s). Read only; their claims' changes wake machines.
+    let address_stream = watcher(
+        config.api::<IpAddress>(&client),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .reflect(address_writer)
+    .touched_objects();
     let ctx = Arc::new(MachineContext {
         base,
         clients: ClientCache::default(),
         machines: store.clone(),
+        caches: Caches::new(
+            CapiStores {
+                machines: owner_machines,
+                clusters,
+            },
+            proxmox_clusters,
+            claims,
+            addresses,
+        ),
     });
     let by_cluster = store.clone();
     let by_proxmox_cluster = store.clone();
-    let labelled = watcher::Config::default()
-        .labels(MACHINE_LABEL)
-        .any_semantic();
     controller
-        .owns(config.api::<IpAddressClaim>(&client), labelled)
-        .watches(
-            config.api::<Machine>(&client),
-            config.watcher_config(),
-            |machine| {
-                let reference = &machine.spec.infrastructure_ref;
-                (reference.kind == "ProxmoxMachine").then(|| {
-                    ObjectRef::new(&reference.name)
-                        .within(machine.metadata.namespace.as_deref().unwrap_or_default())
-                })
-            },
-        )
-        .watches(
-            config.api::<Cluster>(&client),
-            config.watcher_config(),
-            move |cluster| {
-                // Unpause, infrastructure provisioned, control plane initialized:
-                // all of the cluster's machines.
-                machines_of(
-                    &by_cluster,
-                    cluster.metadata.namespace.as_deref().unwrap_or_default(),
-                    cluster.metadata.name.as_deref().unwrap_or_default(),
-                )
-            },
-        )
-        .watches(
-            config.api::<ProxmoxCluster>(&client),
-            config.watcher_config(),
-            move |proxmox_cluster| match crate::capi::owner::cluster_name(&proxmox_cluster.metadata)
-            {
+        // A clone, its configuration and the boot are bursts of status and
+        // claim changes; one reconcile after a burst sees what one per
+        // change would, for a fraction of the requests.
+        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+        .watches_stream(claim_stream, |claim| {
+            let labels = claim.metadata.labels.as_ref()?;
+            Some(
+                ObjectRef::new(labels.get(MACHINE_LABEL)?)
+                    .within(claim.metadata.namespace.as_deref()?),
+            )
+        })
+        .watches_stream(address_stream, |_| None)
+        .watches_stream(machine_stream, |machine| {
+            let reference = &machine.spec.infrastructure_ref;
+            (reference.kind == "ProxmoxMachine").then(|| {
+                ObjectRef::new(&reference.name)
+                    .within(machine.metadata.namespace.as_deref().unwrap_or_default())
+            })
+        })
+        .watches_stream(cluster_stream, move |cluster| {
+            // Unpause, infrastructure provisioned, control plane initialized:
+            // all of the cluster's machines.
+            machines_of(
+                &by_cluster,
+                cluster.metadata.namespace.as_deref().unwrap_or_default(),
+                cluster.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .watches_stream(proxmox_cluster_stream, move |proxmox_cluster| {
+            match crate::capi::owner::cluster_name(&proxmox_cluster.metadata) {
                 Some(cluster) => machines_of(
                     &by_proxmox_cluster,
                     proxmox_cluster
@@ -102,8 +154,8 @@ pub async fn run(base: Arc<Context>) {
                     cluster,
                 ),
                 None => Vec::new(),
-            },
-        )
+            }
+        })
         .shutdown_on_signal()
         .run(reconcile_machine, error_policy, ctx)
         .for_each(|result| async move {

@@ -4,6 +4,7 @@
 //! conditions, events). `reconcile.rs` runs one step per reconcile.
 
 pub mod act;
+pub mod cache;
 pub mod controller;
 pub mod decide;
 mod reconcile;

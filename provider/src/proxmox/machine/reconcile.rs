@@ -166,12 +166,17 @@ struct Gates {
     cluster_name: String,
     proxmox_cluster: ProxmoxCluster,
     client: ProxmoxClient,
-    data: BootstrapData,
+    owner_machine: crate::capi::Machine,
+    cluster: Cluster,
+    /// The bootstrap data, when the gates read it (before the clone; the
+    /// seed upload reads it again, later steps need only its name).
+    data: Option<BootstrapData>,
 }
 
 impl<'a> Run<'a> {
-    /// Reads the machine afresh: the controller's cache may lag behind the
-    /// last status write, and a stale status could mean a second clone.
+    /// The machine as last written: the controller's copy when it shows
+    /// this manager's last write, else read afresh — a stale status could
+    /// mean a second clone.
     async fn load(
         ctx: &'a MachineContext,
         object: &ProxmoxMachine,
@@ -179,8 +184,13 @@ impl<'a> Run<'a> {
         let namespace = object.metadata.namespace.clone().unwrap_or_default();
         let name = object.metadata.name.clone().unwrap_or_default();
         let api: Api<ProxmoxMachine> = Api::namespaced(ctx.base.client.clone(), &namespace);
-        let Some(machine) = api.get_opt(&name).await? else {
-            return Ok(None);
+        let machine = if ctx.caches.is_current(object) {
+            object.clone()
+        } else {
+            let Some(machine) = api.get_opt(&name).await? else {
+                return Ok(None);
+            };
+            machine
         };
         let written = machine.status.clone();
         Ok(Some(Run {
@@ -218,13 +228,17 @@ impl<'a> Run<'a> {
 
     /// Writes the status built so far (with its conditions as they are).
     async fn persist(&mut self) -> Result<(), Error> {
-        runtime::apply_status(
+        if let Some(updated) = runtime::apply_status(
             &self.api,
             &self.machine,
             self.written.as_ref(),
             &self.status,
         )
-        .await?;
+        .await?
+        {
+            self.ctx.caches.wrote(&updated);
+            self.machine.metadata.resource_version = updated.metadata.resource_version;
+        }
         self.written = Some(self.status.clone());
         Ok(())
     }
@@ -276,9 +290,13 @@ impl<'a> Run<'a> {
     /// older manager, a restore), whose fields an apply cannot remove.
     async fn forget_reservation(&mut self) -> Result<(), Error> {
         let patch = json!({ "status": { "virtualMachineID": null, "proxmoxNode": null } });
-        self.api
+        let updated = self
+            .api
             .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        self.ctx.caches.wrote(&updated);
+        self.machine.metadata.resource_version = updated.metadata.resource_version;
+        self.ctx.caches.release_vmid(&self.uid);
         self.status.virtual_machine_id = None;
         self.status.proxmox_node = None;
         if let Some(written) = self.written.as_mut() {
@@ -293,6 +311,7 @@ impl<'a> Run<'a> {
             .api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
+        self.ctx.caches.wrote(&self.machine);
         Ok(())
     }
 }
@@ -318,7 +337,10 @@ pub async fn cleanup(object: Arc<ProxmoxMachine>, ctx: &MachineContext) -> Resul
         return Ok(Action::await_change());
     };
     match run.delete().await {
-        Ok(action) => Ok(action),
+        Ok(action) => {
+            ctx.caches.forget(&run.uid);
+            Ok(action)
+        }
         Err(Halt::Wait(wait)) => {
             run.report_wait(&wait).await?;
             // The finalizer stays until deletion reports success.
@@ -358,7 +380,11 @@ impl Run<'_> {
         if let Some(reference) = cluster.and_then(|c| c.spec.infrastructure_ref.as_ref())
             && reference.kind == "ProxmoxCluster"
         {
-            return Ok(api.get_opt(&reference.name).await?);
+            return Ok(self
+                .ctx
+                .caches
+                .proxmox_cluster(&self.ctx.base.client, &self.namespace, &reference.name)
+                .await?);
         }
         let labelled = api
             .list(&kube::api::ListParams::default().labels(&format!(
@@ -398,14 +424,17 @@ impl Run<'_> {
     async fn gates(&mut self) -> Result<Option<Gates>, Halt> {
         let client = self.ctx.base.client.clone();
         let labelled_cluster = owner::cluster_name(&self.machine.metadata).map(str::to_string);
+        let stores = &self.ctx.caches.capi;
         let mut cluster = match &labelled_cluster {
-            Some(name) => owner::get_cluster(&client, &self.namespace, name).await?,
+            Some(name) => stores.cluster(&client, &self.namespace, name).await?,
             None => None,
         };
         if self.paused(cluster.as_ref()).await? {
             return Ok(None);
         }
-        let Some(owner_machine) = owner::get_owner_machine(&client, &self.machine.metadata).await?
+        let Some(owner_machine) = stores
+            .owner_machine(&client, &self.machine.metadata)
+            .await?
         else {
             return Err(wait(
                 reason::WAITING_FOR_OWNER_MACHINE,
@@ -416,7 +445,9 @@ impl Run<'_> {
         let cluster_name =
             labelled_cluster.unwrap_or_else(|| owner_machine.spec.cluster_name.clone());
         if cluster.is_none() {
-            cluster = owner::get_cluster(&client, &self.namespace, &cluster_name).await?;
+            cluster = stores
+                .cluster(&client, &self.namespace, &cluster_name)
+                .await?;
             if self.paused(cluster.as_ref()).await? {
                 return Ok(None);
             }
@@ -443,8 +474,38 @@ impl Run<'_> {
                 Some(HUMAN_RETRY),
             ));
         };
-        let data = match bootstrap::read(&client, &owner_machine).await? {
-            BootstrapState::Ready(data) => data,
+        // The Secret is read before a VM exists (no clone without bootstrap
+        // data) and for the seed; in between its name is enough.
+        let vm_recorded = self.status.virtual_machine_id.is_some()
+            || self.machine.spec.virtual_machine_id.is_some();
+        let data = if vm_recorded && owner_machine.spec.bootstrap.data_secret_name.is_some() {
+            None
+        } else {
+            Some(
+                self.bootstrap_data(&owner_machine, &cluster, &cluster_name)
+                    .await?,
+            )
+        };
+        let client = self.client(&proxmox_cluster).await?;
+        Ok(Some(Gates {
+            cluster_name,
+            proxmox_cluster,
+            client,
+            owner_machine,
+            cluster,
+            data,
+        }))
+    }
+
+    /// The owner Machine's bootstrap data, or a wait saying what it lacks.
+    async fn bootstrap_data(
+        &self,
+        owner_machine: &crate::capi::Machine,
+        cluster: &Cluster,
+        cluster_name: &str,
+    ) -> Result<BootstrapData, Halt> {
+        match bootstrap::read(&self.ctx.base.client, owner_machine).await? {
+            BootstrapState::Ready(data) => Ok(data),
             BootstrapState::NotReady => {
                 let control_plane = [&self.machine.metadata, &owner_machine.metadata]
                     .iter()
@@ -453,8 +514,8 @@ impl Run<'_> {
                             .as_ref()
                             .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL))
                     });
-                return Err(
-                    if !control_plane && !owner::control_plane_initialized(&cluster) {
+                Err(
+                    if !control_plane && !owner::control_plane_initialized(cluster) {
                         wait(
                             reason::WAITING_FOR_CONTROL_PLANE,
                             format!(
@@ -472,26 +533,19 @@ impl Run<'_> {
                             Some(RESYNC),
                         )
                     },
-                );
+                )
             }
             BootstrapState::SecretMissing(secret) | BootstrapState::KeyMissing(secret) => {
-                return Err(wait(
+                Err(wait(
                     reason::BOOTSTRAP_DATA_SECRET_MISSING,
                     format!(
                         "bootstrap data Secret {}/{secret} is missing or has no 'value' key",
                         self.namespace
                     ),
                     Some(Duration::from_secs(30)),
-                ));
+                ))
             }
-        };
-        let client = self.client(&proxmox_cluster).await?;
-        Ok(Some(Gates {
-            cluster_name,
-            proxmox_cluster,
-            client,
-            data,
-        }))
+        }
     }
 
     async fn provision(&mut self) -> Result<Action, Halt> {
@@ -513,6 +567,7 @@ impl Run<'_> {
         );
         let addresses = act::ensure_addresses(
             &self.ctx.base.client,
+            &self.ctx.caches,
             &self.machine,
             &gates.cluster_name,
             &plans,
@@ -638,10 +693,11 @@ impl Run<'_> {
                 format!("Proxmox task {} ({}) is running", upid, upid.task_type()),
                 Some(POLL),
             )),
+            // Not written now: the next step's write says it (a crash before
+            // then only means polling the ended task once more).
             TaskPoll::Done(_) | TaskPoll::Unknown => {
                 tracing::debug!(machine = %self.name, upid = %upid, "task ended");
                 self.status.task_ref = None;
-                self.persist().await?;
                 Ok(())
             }
             // PVE refuses to start a running VM; the VM runs, which is all
@@ -650,7 +706,6 @@ impl Run<'_> {
                 if upid.task_type() == "qmstart" && exit_status.contains("already running") =>
             {
                 self.status.task_ref = None;
-                self.persist().await?;
                 Ok(())
             }
             TaskPoll::Failed {
@@ -756,18 +811,19 @@ impl Run<'_> {
                 None,
             ));
         };
-        let (presence, facts, storages) = act::lookup_vm(client, vmid, pool.as_deref())
-            .await
-            .map_err(|e| {
-                refused(
-                    e,
-                    reason::CLONING_FAILED,
-                    format!(
-                        "looking up VM {vmid} in pool {}",
-                        pool.as_deref().unwrap_or("-")
-                    ),
-                )
-            })?;
+        let (presence, facts, storages) =
+            act::lookup_vm_cached(client, &self.ctx.caches, vmid, pool.as_deref())
+                .await
+                .map_err(|e| {
+                    refused(
+                        e,
+                        reason::CLONING_FAILED,
+                        format!(
+                            "looking up VM {vmid} in pool {}",
+                            pool.as_deref().unwrap_or("-")
+                        ),
+                    )
+                })?;
         let own_clone_running =
             if presence == VmPresence::Elsewhere && source == VmidSource::Reserved {
                 let nodes = match self.machine.spec.source_node.clone() {
@@ -959,10 +1015,6 @@ impl Run<'_> {
             Some(vmid) => vmid,
             None => {
                 let range = spec.vm_id_range.as_ref().map(|r| (r.start, r.end));
-                let next = match range {
-                    Some(_) => None,
-                    None => Some(client.cluster().next_id().await.map_err(Error::from)?),
-                };
                 let taken: BTreeSet<u32> = siblings
                     .iter()
                     .filter(|m| m.metadata.uid.as_deref() != Some(self.uid.as_str()))
@@ -975,11 +1027,38 @@ impl Run<'_> {
                     .flatten()
                     .filter_map(|id| u32::try_from(id).ok())
                     .collect();
-                let candidates = VmidSearch::new(range, next).candidates(&taken, VMID_PROBES);
-                match act::first_free_vmid(client, &candidates)
-                    .await
-                    .map_err(Error::from)?
-                {
+                let next = match range {
+                    Some(_) => None,
+                    None => Some(client.cluster().next_id().await.map_err(Error::from)?),
+                };
+                // Reserved in this manager before PVE is asked: its `nextid`
+                // names the same ID to concurrent callers until a clone
+                // claims it.
+                let search = VmidSearch::new(range, next);
+                let mut used = BTreeSet::new();
+                let mut picked = None;
+                for _ in 0..VMID_PROBES {
+                    let Some(candidate) = self.ctx.caches.reserve_vmid(&self.uid, |others| {
+                        let mut skip = taken.clone();
+                        skip.extend(others);
+                        skip.extend(&used);
+                        search.candidates(&skip, 1).first().copied()
+                    }) else {
+                        break;
+                    };
+                    if Some(candidate) == next
+                        || client
+                            .cluster()
+                            .is_vmid_free(candidate)
+                            .await
+                            .map_err(Error::from)?
+                    {
+                        picked = Some(candidate);
+                        break;
+                    }
+                    used.insert(candidate);
+                }
+                match picked {
                     Some(vmid) => vmid,
                     None => {
                         return Err(wait(
@@ -1228,6 +1307,13 @@ impl Run<'_> {
                     Some(HUMAN_RETRY),
                 ));
             };
+            let data = match &gates.data {
+                Some(data) => data.clone(),
+                None => {
+                    self.bootstrap_data(&gates.owner_machine, &gates.cluster, &gates.cluster_name)
+                        .await?
+                }
+            };
             let inject = self
                 .machine
                 .spec
@@ -1239,7 +1325,7 @@ impl Run<'_> {
                 hostname: self.name.clone(),
                 provider_id: inject.then(|| provider_id(uuid).ok()).flatten(),
                 network,
-                user_data: UserData::new(gates.data.as_bytes().to_vec()),
+                user_data: UserData::new(data.as_bytes().to_vec()),
             };
             let rendered = seed.render().map_err(|e| {
                 wait(
@@ -1429,7 +1515,13 @@ impl Run<'_> {
         let kube = self.ctx.base.client.clone();
         let cluster_name = owner::cluster_name(&self.machine.metadata).map(str::to_string);
         let cluster = match &cluster_name {
-            Some(name) => owner::get_cluster(&kube, &self.namespace, name).await?,
+            Some(name) => {
+                self.ctx
+                    .caches
+                    .capi
+                    .cluster(&kube, &self.namespace, name)
+                    .await?
+            }
             None => None,
         };
         if pause::paused_by(cluster.as_ref(), &self.machine.metadata).is_some() {
@@ -1493,9 +1585,12 @@ impl Run<'_> {
     /// free, or no longer the machine's VM in its pool).
     async fn destroy_vm(&mut self, client: &ProxmoxClient, vmid: u32) -> Result<(), Halt> {
         let pool = self.pool().map(str::to_string);
-        let (presence, facts, _) = act::lookup_vm(client, vmid, pool.as_deref())
-            .await
-            .map_err(|e| refused(e, reason::DELETION_FAILED, format!("looking up VM {vmid}")))?;
+        let (presence, facts, _) =
+            act::lookup_vm_cached(client, &self.ctx.caches, vmid, pool.as_deref())
+                .await
+                .map_err(|e| {
+                    refused(e, reason::DELETION_FAILED, format!("looking up VM {vmid}"))
+                })?;
         let source = if self.machine.spec.virtual_machine_id.is_some() {
             VmidSource::Spec
         } else {

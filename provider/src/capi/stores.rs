@@ -1,0 +1,73 @@
+//! Reads of CAPI objects from the stores of a controller's own watches, with
+//! a GET when the store does not have the object (not listed yet, created a
+//! moment ago, or outside the watch's label filter). Both machine
+//! controllers read their owner Machine and Cluster this way: those reads
+//! were most of the apiserver requests per machine (`docs/performance.md`).
+
+use futures::FutureExt as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::owner;
+use super::{Cluster, Machine};
+
+/// Whether a store has listed once (it answers for "absent" only then).
+pub fn is_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|r| r.is_ok())
+}
+
+/// A copy of the object `namespace/name` the store holds, if any.
+pub fn lookup<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .get(&ObjectRef::new(name).within(namespace))
+        .map(|object| (*object).clone())
+}
+
+/// The Machines and Clusters a controller watches.
+#[derive(Clone)]
+pub struct CapiStores {
+    pub machines: Store<Machine>,
+    pub clusters: Store<Cluster>,
+}
+
+impl CapiStores {
+    /// The Machine owning `meta`'s object, if any.
+    pub async fn owner_machine(
+        &self,
+        client: &kube::Client,
+        meta: &ObjectMeta,
+    ) -> kube::Result<Option<Machine>> {
+        let (Some(owner), Some(namespace)) =
+            (owner::machine_owner(meta), meta.namespace.as_deref())
+        else {
+            return Ok(None);
+        };
+        if let Some(machine) = lookup(&self.machines, namespace, &owner.name) {
+            return Ok(Some(machine));
+        }
+        owner::get_owner_machine(client, meta).await
+    }
+
+    /// The Cluster `name` in `namespace`, if it exists.
+    pub async fn cluster(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> kube::Result<Option<Cluster>> {
+        if let Some(cluster) = lookup(&self.clusters, namespace, name) {
+            return Ok(Some(cluster));
+        }
+        owner::get_cluster(client, namespace, name).await
+    }
+}
