@@ -280,6 +280,12 @@ fn manager_role() -> Value {
         rule(&[""], &["services"], WRITE),
         // runtime.rs: kube's event Recorder (events.k8s.io; core for older readers).
         rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        // leader.rs: the leader Lease (kube-lease-manager applies it).
+        rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ),
         // kubevirt/machine: VMs created and deleted, VMIs read and waited on,
         // DataVolumes listed and deleted.
         rule(&["kubevirt.io"], &["virtualmachines"], WRITE),
@@ -395,8 +401,9 @@ fn certificate() -> Value {
     })
 }
 
-/// One replica: the manager has no leader election yet, and two replicas
-/// would reconcile the same objects.
+/// One replica, with leader election on (`--leader-elect`): a rollout's new
+/// pod waits for the old one's Lease, and scaling up adds standbys, never a
+/// second writer.
 fn deployment() -> Value {
     // The two optional flags take their values from the environment
     // (`$(VAR)` is expanded by the kubelet), where an empty default can
@@ -408,6 +415,7 @@ fn deployment() -> Value {
         format!("--webhook-bind=0.0.0.0:{WEBHOOK_PORT}"),
         format!("--webhook-cert-dir={CERT_DIR}"),
         format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
+        "--leader-elect".to_string(),
     ];
     json!({
         "apiVersion": "apps/v1",

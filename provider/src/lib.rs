@@ -5,8 +5,10 @@
 //! See `docs/architecture.md`.
 
 pub mod capi;
+pub mod cli;
 pub mod components;
 pub mod kubevirt;
+pub mod leader;
 pub mod manager;
 pub mod proxmox;
 pub mod remediation;

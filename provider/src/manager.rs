@@ -1,15 +1,28 @@
 //! The manager: every controller of one tenantry process, and the webhook
-//! server, run together.
+//! server, run together; with leader election, the controllers only while
+//! this replica leads.
 
+use crate::leader::{self, LeaderElectionConfig};
 use crate::runtime::{Context, ManagerConfig};
 
-/// Runs all controllers until each has shut down (on SIGTERM/SIGINT, or when
-/// the future is dropped — tests abort it to simulate a crash). The webhook
-/// server, when configured, runs alongside; if it cannot start, that is
-/// logged and the controllers keep running.
+/// Runs every controller and the admission webhooks until shutdown, without
+/// leader election (one replica).
 pub async fn run(client: kube::Client, config: ManagerConfig) {
-    let context = |controller: &str| Context::new(client.clone(), config.clone(), controller);
-    // Never completes: the manager's lifetime is the controllers'.
+    if let Err(error) = run_elected(client, config, None).await {
+        tracing::error!(error = format!("{error:#}"), "manager stopped");
+    }
+}
+
+/// Runs the admission webhooks, and the controllers while this replica
+/// leads (always, without `election`). Returns an error when leadership is
+/// lost: the controllers have stopped writing then, and the process should
+/// exit so that it starts over as a follower.
+pub async fn run_elected(
+    client: kube::Client,
+    config: ManagerConfig,
+    election: Option<LeaderElectionConfig>,
+) -> anyhow::Result<()> {
+    // Every replica serves webhooks: they decide on one object, alone.
     let webhook = async {
         if let Some(webhook) = config.webhook.clone()
             && let Err(error) = crate::webhook::serve(webhook, Some(client.clone())).await
@@ -21,22 +34,44 @@ pub async fn run(client: kube::Client, config: ManagerConfig) {
         }
         futures::future::pending::<()>().await
     };
-    let controllers = async {
-        tokio::join!(
-            crate::kubevirt::cluster::run(context("kubevirtcluster")),
-            crate::kubevirt::machine::run(context("kubevirtmachine")),
-            crate::kubevirt::template::run(context("kubevirtmachinetemplate")),
-            crate::proxmox::cluster::run(context("proxmoxcluster")),
-            crate::proxmox::machine::run(context("proxmoxmachine")),
-            crate::proxmox::template::run(context("proxmoxmachinetemplate")),
-            crate::remediation::run_kubevirt(context("kubevirtremediation")),
-            crate::remediation::run_proxmox(context("proxmoxremediation")),
-            crate::tenant::run(context("kubernetes")),
-            crate::tenant::pool_controller::run(context("kubernetesnodes")),
-        );
+    let lead = async {
+        let Some(election) = election else {
+            controllers(&client, &config).await;
+            return Ok(());
+        };
+        let mut leadership = leader::acquire(client.clone(), election).await?;
+        let lost = tokio::select! {
+            _ = controllers(&client, &config) => None,
+            lost = leadership.lost() => Some(lost),
+        };
+        match lost {
+            // Shutdown: hand over at once instead of after the Lease expires.
+            None => {
+                leadership.release().await;
+                Ok(())
+            }
+            Some(lost) => Err(anyhow::anyhow!("leader election lost: {lost}")),
+        }
     };
     tokio::select! {
-        _ = controllers => {}
-        _ = webhook => {}
+        result = lead => result,
+        _ = webhook => Ok(()),
     }
+}
+
+/// Every controller; completes on shutdown.
+async fn controllers(client: &kube::Client, config: &ManagerConfig) {
+    let context = |controller: &str| Context::new(client.clone(), config.clone(), controller);
+    tokio::join!(
+        crate::kubevirt::cluster::run(context("kubevirtcluster")),
+        crate::kubevirt::machine::run(context("kubevirtmachine")),
+        crate::kubevirt::template::run(context("kubevirtmachinetemplate")),
+        crate::proxmox::cluster::run(context("proxmoxcluster")),
+        crate::proxmox::machine::run(context("proxmoxmachine")),
+        crate::proxmox::template::run(context("proxmoxmachinetemplate")),
+        crate::remediation::run_kubevirt(context("kubevirtremediation")),
+        crate::remediation::run_proxmox(context("proxmoxremediation")),
+        crate::tenant::run(context("kubernetes")),
+        crate::tenant::pool_controller::run(context("kubernetesnodes")),
+    );
 }

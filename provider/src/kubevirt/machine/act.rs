@@ -164,10 +164,19 @@ pub async fn delete_machine_objects(
         }
         remains.data_volumes.push(dv_name);
     }
-    let secret_name = userdata_secret_name(&name);
-    if secrets.get_opt(&secret_name).await?.is_some() {
-        remains.userdata_secret = true;
-        delete_ignoring_absent(&secrets, &secret_name).await?;
+    // Last, once nothing can boot from it any more, and without reading it
+    // first: one DELETE, a 404 meaning it is gone already.
+    if !remains.virtual_machine && !remains.instance && remains.data_volumes.is_empty() {
+        let secret_name = userdata_secret_name(&name);
+        match secrets
+            .delete(&secret_name, &DeleteParams::background())
+            .await
+        {
+            // Still there only while a finalizer holds it.
+            Ok(either) => remains.userdata_secret = either.is_left(),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
+        }
     }
     Ok(remains)
 }

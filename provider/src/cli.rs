@@ -1,0 +1,209 @@
+//! The `tenantry` command line: flags, and what each subcommand runs. A
+//! library module so that the test harness can run the very same binary
+//! behaviour as a separate process (`e2e`'s `tenantry-under-test`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::leader::LeaderElectionConfig;
+use crate::runtime::ManagerConfig;
+use crate::telemetry::{self, LogFormat};
+use crate::webhook::WebhookConfig;
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// Cluster API infrastructure provider for KubeVirt and Proxmox VE, and the
+/// tenant companion controller for Kamaji control planes.
+#[derive(Parser, Debug)]
+#[command(name = "tenantry", version, about)]
+struct Args {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "TENANTRY_LOG_FORMAT", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the controllers (and the admission webhooks) against the cluster
+    /// of the ambient kubeconfig or in-cluster service account.
+    Run(RunArgs),
+    /// Print tenantry's CustomResourceDefinitions as YAML, or write one file
+    /// per CRD into a folder.
+    Crds {
+        /// Folder to write `<group>_<plural>.yaml` files into.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print clusterctl's `infrastructure-components.yaml`, or write it and
+    /// `metadata.yaml` into a folder (see hack/release.sh).
+    Components {
+        /// Folder to write `infrastructure-components.yaml` and `metadata.yaml` into.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+/// Flags of `tenantry run`, named as Cluster API providers name them.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Watch only this namespace; all namespaces when unset or empty.
+    #[arg(long, env = "TENANTRY_NAMESPACE")]
+    namespace: Option<String>,
+    /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=<value>;
+    /// all objects when unset or empty.
+    #[arg(long)]
+    watch_filter: Option<String>,
+    /// Address of the admission webhook server.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_bind: SocketAddr,
+    /// Folder with the webhook serving certificate (tls.crt, tls.key).
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
+    webhook_cert_dir: PathBuf,
+    /// Do not serve admission webhooks.
+    #[arg(long)]
+    no_webhooks: bool,
+    /// Address of the health endpoints (/healthz, /readyz).
+    #[arg(long, default_value = "0.0.0.0:9440")]
+    health_addr: SocketAddr,
+    /// Key of Kamaji's <cluster>-admin-kubeconfig Secret used to reach
+    /// tenant clusters: super-admin.svc inside the management cluster,
+    /// super-admin.conf for a manager running outside it.
+    #[arg(long, default_value = "super-admin.svc")]
+    tenant_kubeconfig_key: String,
+    /// Run the controllers only while holding a Lease, so that several
+    /// replicas can run (webhooks are served by all).
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease; the pod's namespace (POD_NAMESPACE)
+    /// when unset.
+    #[arg(long)]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "tenantry-manager-leader")]
+    leader_election_id: String,
+    /// How long a leader's Lease holds without renewal (Go duration).
+    #[arg(long, default_value = "15s", value_parser = go_duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long a leader keeps leading without seeing its Lease renewed.
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often the Lease is looked at.
+    #[arg(long, default_value = "2s", value_parser = go_duration)]
+    leader_elect_retry_period: Duration,
+}
+
+fn go_duration(text: &str) -> Result<Duration, String> {
+    tenantry_api::remediation::parse_duration(text)
+}
+
+/// Parses the command line and runs the subcommand.
+pub fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    telemetry::init(args.log_format);
+    match args.command {
+        Command::Run(run) => tokio::runtime::Runtime::new()?.block_on(run_manager(run)),
+        Command::Crds { out } => write_crds(out),
+        Command::Components { out } => write_components(out),
+    }
+}
+
+async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connect to the cluster")?;
+    let version = client
+        .apiserver_version()
+        .await
+        .context("read the apiserver version")?;
+    tracing::info!(apiserver = %version.git_version, "connected");
+    let config = ManagerConfig {
+        // The release manifests pass `--namespace=` and `--watch-filter=` when
+        // their clusterctl variables are left empty.
+        namespace: args.namespace.filter(|n| !n.is_empty()),
+        watch_filter: args.watch_filter.filter(|f| !f.is_empty()),
+        instance: std::env::var("POD_NAME").ok(),
+        webhook: (!args.no_webhooks).then_some(WebhookConfig {
+            bind: args.webhook_bind,
+            cert_dir: args.webhook_cert_dir,
+        }),
+        tenant_kubeconfig_key: Some(args.tenant_kubeconfig_key),
+    };
+    let health = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(args.health_addr)
+        .await
+        .with_context(|| format!("listen on {}", args.health_addr))?;
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, health).await {
+            tracing::error!(%error, "health endpoints stopped");
+        }
+    });
+    let election = args
+        .leader_elect
+        .then(|| -> anyhow::Result<LeaderElectionConfig> {
+            let namespace = args
+                .leader_election_namespace
+                .filter(|n| !n.is_empty())
+                .or_else(|| {
+                    std::env::var("POD_NAMESPACE")
+                        .ok()
+                        .filter(|n| !n.is_empty())
+                })
+                .context("--leader-elect needs --leader-election-namespace or POD_NAMESPACE")?;
+            let election = LeaderElectionConfig {
+                namespace,
+                name: args.leader_election_id.clone(),
+                identity: LeaderElectionConfig::default_identity(config.instance.as_deref()),
+                lease_duration: args.leader_elect_lease_duration,
+                renew_deadline: args.leader_elect_renew_deadline,
+                retry_period: args.leader_elect_retry_period,
+            };
+            election.validate().map_err(anyhow::Error::msg)?;
+            Ok(election)
+        })
+        .transpose()?;
+    crate::manager::run_elected(client, config, election).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn write_crds(out: Option<PathBuf>) -> anyhow::Result<()> {
+    for crd in tenantry_api::crds::all() {
+        let yaml = serde_norway::to_string(&crd)?;
+        match &out {
+            None => print!("---\n{yaml}"),
+            Some(dir) => {
+                let name = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
+                let path = dir.join(name);
+                std::fs::create_dir_all(dir)?;
+                std::fs::write(&path, yaml).with_context(|| format!("write {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_components(out: Option<PathBuf>) -> anyhow::Result<()> {
+    use crate::components;
+    match out {
+        None => print!("{}", components::infrastructure_components_yaml()),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)?;
+            for (name, text) in [
+                (
+                    "infrastructure-components.yaml",
+                    components::infrastructure_components_yaml(),
+                ),
+                ("metadata.yaml", components::metadata_yaml()),
+            ] {
+                let path = dir.join(name);
+                std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
