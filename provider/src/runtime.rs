@@ -311,7 +311,8 @@ where
 /// changed behind tenantry's back is put right on the next resync.
 pub const RECENT_STATUS: Duration = Duration::from_secs(30);
 
-fn status_fingerprint<S: Serialize>(status: &S) -> u64 {
+/// A hash of a status's JSON form: equal statuses, equal fingerprints.
+pub fn status_fingerprint<S: Serialize>(status: &S) -> u64 {
     use std::hash::Hasher as _;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     hasher.write(&serde_json::to_vec(status).unwrap_or_default());

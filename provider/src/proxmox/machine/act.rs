@@ -432,48 +432,70 @@ pub async fn ensure_addresses(
 
 /// Deletes the machine's IPAddressClaims; returns those not yet released
 /// (neither gone nor being deleted by the IPAM provider, which holds an
-/// address through its pool's reuse grace period).
+/// address through its pool's reuse grace period). The claims come from the
+/// controller's store once it has listed; the delete's answer says whether a
+/// claim is gone or on its way.
 pub async fn release_addresses(
     client: &kube::Client,
+    caches: &Caches,
     machine: &ProxmoxMachine,
 ) -> kube::Result<Vec<String>> {
     let namespace = machine.metadata.namespace.clone().unwrap_or_default();
     let name = machine.metadata.name.clone().unwrap_or_default();
     let uid = machine.metadata.uid.clone().unwrap_or_default();
     let claims: Api<IpAddressClaim> = Api::namespaced(client.clone(), &namespace);
+    let labelled = |claim: &IpAddressClaim| {
+        claim.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && claim
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MACHINE_LABEL))
+                .is_some_and(|m| *m == name)
+    };
+    let found: Vec<IpAddressClaim> = if crate::capi::stores::is_ready(&caches.claims) {
+        caches
+            .claims
+            .state()
+            .iter()
+            .filter(|c| labelled(c))
+            .map(|c| (**c).clone())
+            .collect()
+    } else {
+        claims
+            .list(&ListParams::default().labels(&format!("{MACHINE_LABEL}={name}")))
+            .await?
+            .items
+    };
     let mut left = Vec::new();
-    for claim in claims
-        .list(&ListParams::default().labels(&format!("{MACHINE_LABEL}={name}")))
-        .await?
-    {
+    for claim in found {
         let owned = claim
             .metadata
             .owner_references
             .iter()
             .flatten()
             .any(|o| o.uid == uid);
-        if !owned {
+        if !owned || claim.metadata.deletion_timestamp.is_some() {
             continue;
         }
         let claim_name = claim.metadata.name.clone().unwrap_or_default();
-        if claim.metadata.deletion_timestamp.is_none() {
-            match claims
-                .delete(&claim_name, &DeleteParams::background())
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(machine = %name, claim = %claim_name, "released IPAddressClaim")
+        match claims
+            .delete(&claim_name, &DeleteParams::background())
+            .await
+        {
+            Ok(answer) => {
+                tracing::info!(machine = %name, claim = %claim_name, "released IPAddressClaim");
+                // Still there without a deletion timestamp: something
+                // refused the deletion quietly; look again.
+                if answer
+                    .left()
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+                {
+                    left.push(claim_name);
                 }
-                Err(kube::Error::Api(status)) if status.code == 404 => continue,
-                Err(error) => return Err(error),
             }
-            if claims
-                .get_opt(&claim_name)
-                .await?
-                .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
-            {
-                left.push(claim_name);
-            }
+            Err(kube::Error::Api(status)) if status.code == 404 => continue,
+            Err(error) => return Err(error),
         }
     }
     Ok(left)

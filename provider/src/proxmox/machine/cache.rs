@@ -5,9 +5,9 @@
 //! - stores fed by the controller's watches: owner Machines, Clusters,
 //!   ProxmoxClusters, the machines' IPAddressClaims and the IPAddresses
 //!   (a miss falls back to a GET);
-//! - the resourceVersion of each machine's last write by this manager: a
-//!   machine from the controller's store that shows it is current and is
-//!   not read again;
+//! - the resourceVersion and status of each machine's last write by this
+//!   manager: a machine from the controller's store that shows either is
+//!   current and is not read again;
 //! - the VM IDs this manager picked and has not seen cloned yet, so two
 //!   machines of one manager never race for the same ID;
 //! - each pool's members for a moment, trusted only to say where a VM *is*
@@ -22,6 +22,8 @@ use kube::api::Api;
 use kube::runtime::reflector::Store;
 use tenantry_api::generated::capi::ip_address::IpAddress;
 use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
+#[cfg(test)]
+use tenantry_api::proxmox::ProxmoxMachineStatus;
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine};
 
 use crate::capi::stores::{CapiStores, lookup};
@@ -36,7 +38,7 @@ pub struct Caches {
     pub proxmox_clusters: Store<ProxmoxCluster>,
     pub claims: Store<IpAddressClaim>,
     pub addresses: Store<IpAddress>,
-    written: Mutex<HashMap<String, String>>,
+    written: Mutex<HashMap<String, (String, u64)>>,
     vmids: Mutex<HashMap<u32, String>>,
     pools: Mutex<HashMap<String, (Instant, Pool)>>,
 }
@@ -103,7 +105,8 @@ impl Caches {
 
     // -------------------------------------------------- the machine itself
 
-    /// Remembers the resourceVersion a write of this manager gave a machine.
+    /// Remembers the resourceVersion and status a write of this manager
+    /// gave a machine.
     pub fn wrote(&self, machine: &ProxmoxMachine) {
         let (Some(uid), Some(version)) = (
             machine.metadata.uid.clone(),
@@ -111,14 +114,17 @@ impl Caches {
         ) else {
             return;
         };
+        let status = crate::runtime::status_fingerprint(&machine.status);
         let mut written = self.written.lock().expect("written versions");
-        written.insert(uid, version);
+        written.insert(uid, (version, status));
     }
 
     /// Whether `machine` (from the controller's store) shows this manager's
-    /// last write to it. Versions are compared for equality only, as the API
-    /// asks: anything else (an older copy, or someone else's later write)
-    /// is read afresh.
+    /// last write to it: that very version, or a later one with the status
+    /// as written (someone else changed metadata, such as the finalizer or
+    /// a label). Versions are compared for equality only, as the API asks.
+    /// Anything else — an older copy, a status changed by someone else — is
+    /// read afresh: a stale status could mean a second clone.
     pub fn is_current(&self, machine: &ProxmoxMachine) -> bool {
         let (Some(uid), Some(version)) = (
             machine.metadata.uid.as_deref(),
@@ -127,7 +133,9 @@ impl Caches {
             return false;
         };
         let written = self.written.lock().expect("written versions");
-        written.get(uid).is_some_and(|v| v == version)
+        written.get(uid).is_some_and(|(v, status)| {
+            v == version || *status == crate::runtime::status_fingerprint(&machine.status)
+        })
     }
 
     /// Forgets a machine that is gone.
@@ -219,19 +227,34 @@ mod tests {
         machine
     }
 
+    fn with_vmid(mut machine: ProxmoxMachine, vmid: i64) -> ProxmoxMachine {
+        machine.status = Some(ProxmoxMachineStatus {
+            virtual_machine_id: Some(vmid),
+            ..Default::default()
+        });
+        machine
+    }
+
     #[test]
-    fn only_the_last_written_version_is_current() {
+    fn only_the_last_write_is_current() {
         let caches = caches();
         assert!(
             !caches.is_current(&machine("u1", "5")),
             "nothing written yet"
         );
-        caches.wrote(&machine("u1", "7"));
-        assert!(caches.is_current(&machine("u1", "7")));
-        assert!(!caches.is_current(&machine("u1", "5")), "older copy");
+        caches.wrote(&with_vmid(machine("u1", "7"), 100));
+        assert!(caches.is_current(&machine("u1", "7")), "that very version");
         assert!(
-            !caches.is_current(&machine("u1", "9")),
-            "someone else wrote"
+            !caches.is_current(&machine("u1", "5")),
+            "an older copy, without the reservation"
+        );
+        assert!(
+            caches.is_current(&with_vmid(machine("u1", "9"), 100)),
+            "a later version with the status as written (a finalizer added)"
+        );
+        assert!(
+            !caches.is_current(&with_vmid(machine("u1", "9"), 101)),
+            "someone else wrote the status"
         );
         assert!(!caches.is_current(&machine("u2", "7")), "another machine");
         caches.forget("u1");

@@ -168,9 +168,6 @@ struct Gates {
     client: ProxmoxClient,
     owner_machine: crate::capi::Machine,
     cluster: Cluster,
-    /// The bootstrap data, when the gates read it (before the clone; the
-    /// seed upload reads it again, later steps need only its name).
-    data: Option<BootstrapData>,
 }
 
 impl<'a> Run<'a> {
@@ -474,18 +471,13 @@ impl Run<'_> {
                 Some(HUMAN_RETRY),
             ));
         };
-        // The Secret is read before a VM exists (no clone without bootstrap
-        // data) and for the seed; in between its name is enough.
-        let vm_recorded = self.status.virtual_machine_id.is_some()
-            || self.machine.spec.virtual_machine_id.is_some();
-        let data = if vm_recorded && owner_machine.spec.bootstrap.data_secret_name.is_some() {
-            None
-        } else {
-            Some(
-                self.bootstrap_data(&owner_machine, &cluster, &cluster_name)
-                    .await?,
-            )
-        };
+        // No clone before the bootstrap provider named the data; the Secret
+        // itself is read only to build the seed (CAPI sets the name once the
+        // Secret exists, and the seed step reports a missing one).
+        if owner_machine.spec.bootstrap.data_secret_name.is_none() {
+            self.bootstrap_data(&owner_machine, &cluster, &cluster_name)
+                .await?;
+        }
         let client = self.client(&proxmox_cluster).await?;
         Ok(Some(Gates {
             cluster_name,
@@ -493,7 +485,6 @@ impl Run<'_> {
             client,
             owner_machine,
             cluster,
-            data,
         }))
     }
 
@@ -1307,13 +1298,9 @@ impl Run<'_> {
                     Some(HUMAN_RETRY),
                 ));
             };
-            let data = match &gates.data {
-                Some(data) => data.clone(),
-                None => {
-                    self.bootstrap_data(&gates.owner_machine, &gates.cluster, &gates.cluster_name)
-                        .await?
-                }
-            };
+            let data = self
+                .bootstrap_data(&gates.owner_machine, &gates.cluster, &gates.cluster_name)
+                .await?;
             let inject = self
                 .machine
                 .spec
@@ -1566,7 +1553,7 @@ impl Run<'_> {
                 self.delete_seed_volumes(&client, node, &file).await?;
             }
         }
-        let left = act::release_addresses(&kube, &self.machine).await?;
+        let left = act::release_addresses(&kube, &self.ctx.caches, &self.machine).await?;
         if !left.is_empty() {
             return Err(wait(
                 reason::DELETING,
