@@ -25,6 +25,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 section "cargo test"
 timeout 50m cargo test --workspace --locked --no-fail-fast
 
+section "fuzz (bounded)"
+hack/fuzz.sh --seconds 20
+
 section "leftover processes"
 leftover="$(comm -13 <(echo "$before") <(harness_pids) | sed '/^$/d')"
 if [[ -n "$leftover" ]]; then

@@ -783,7 +783,9 @@ pub fn quantity_milli_value(text: &str) -> Option<i128> {
             (0, value)
         }
     };
-    let scale = decimal + 3 - i32::try_from(fraction.len()).ok()?;
+    let scale = decimal
+        .checked_add(3)?
+        .checked_sub(i32::try_from(fraction.len()).ok()?)?;
     let mut numerator = mantissa.checked_mul(1i128.checked_shl(binary)?)?;
     let mut denominator: i128 = 1;
     if scale >= 0 {
@@ -791,7 +793,8 @@ pub fn quantity_milli_value(text: &str) -> Option<i128> {
     } else {
         denominator = 10i128.checked_pow(scale.unsigned_abs())?;
     }
-    let value = (numerator + denominator - 1) / denominator;
+    // Rounded up without `numerator + denominator - 1`, which can overflow.
+    let value = numerator / denominator + i128::from(numerator % denominator != 0);
     Some(if negative { -value } else { value })
 }
 
@@ -1106,5 +1109,22 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(quantity_milli_value(text), *want, "{text}");
         }
+    }
+
+    #[test]
+    fn quantities_too_large_for_the_exponent_are_none_not_a_panic() {
+        // The exponent plus three overflowed i32.
+        assert_eq!(quantity_milli_value("1e2147483647"), None);
+        assert_eq!(quantity_milli_value("1e2147483645"), None);
+    }
+
+    #[test]
+    fn rounding_up_a_value_near_the_limit_does_not_overflow() {
+        // mantissa × 2^60 is 2^60 - 1 below i128::MAX; adding the divisor
+        // (10^19) minus one to round up overflowed.
+        assert_eq!(
+            quantity_milli_value(".0147573952589676412927Ei"),
+            Some(17_014_118_346_046_923_174)
+        );
     }
 }

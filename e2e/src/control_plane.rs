@@ -160,9 +160,10 @@ impl ControlPlane {
         write_private(&sa_private, &sa_keys.private_pem)?;
         std::fs::write(&sa_public, &sa_keys.public_pem).context("write sa.pub")?;
 
-        let kubeconfig_text = admin_kubeconfig(
+        let kubeconfig_text = client_kubeconfig(
             &options.name,
             &server_url,
+            ADMIN_USER,
             &ca.cert_pem(),
             &admin.cert_pem,
             &admin.key_pem,
@@ -327,6 +328,25 @@ impl ControlPlane {
         &self.kubeconfig_path
     }
 
+    /// Writes a kubeconfig for `user` in `groups` (a client certificate
+    /// from this control plane's CA) into its folder, as
+    /// `kubeconfig-<user>`, and returns its path: a client that has only
+    /// what RBAC grants that user.
+    pub fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> anyhow::Result<PathBuf> {
+        let certificate = self.ca.issue_client(user, groups)?;
+        let text = client_kubeconfig(
+            &self.name,
+            &self.server_url,
+            user,
+            &self.ca.cert_pem(),
+            &certificate.cert_pem,
+            &certificate.key_pem,
+        );
+        let path = self.dir().join(format!("kubeconfig-{user}"));
+        write_private(&path, &text)?;
+        Ok(path)
+    }
+
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Kubeconfig {
         &self.kubeconfig
@@ -435,6 +455,13 @@ impl ControlPlane {
         }
     }
 
+    /// Restarts kube-apiserver as it runs now (same build, flags, etcd data
+    /// and port), as a crashed or rescheduled apiserver pod comes back; see
+    /// [`Self::restart_apiserver_with`].
+    pub async fn restart_apiserver(&mut self) -> anyhow::Result<()> {
+        self.restart_apiserver_with(self.apiserver_binary).await
+    }
+
     /// A `kubectl` command pointed at this control plane.
     pub fn kubectl(&self) -> anyhow::Result<Command> {
         let mut cmd = Command::new(Upstream::locate()?.binary(Binary::Kubectl)?);
@@ -519,9 +546,10 @@ pub fn free_port() -> anyhow::Result<u16> {
     bail!("no free loopback port found")
 }
 
-fn admin_kubeconfig(
+fn client_kubeconfig(
     name: &str,
     server: &str,
+    user: &str,
     ca_pem: &str,
     cert_pem: &str,
     key_pem: &str,
@@ -535,7 +563,7 @@ clusters:
     server: {server}
     certificate-authority-data: {ca}
 users:
-- name: {ADMIN_USER}
+- name: {user}
   user:
     client-certificate-data: {cert}
     client-key-data: {key}
@@ -543,7 +571,7 @@ contexts:
 - name: {name}
   context:
     cluster: {name}
-    user: {ADMIN_USER}
+    user: {user}
 current-context: {name}
 ",
         ca = BASE64.encode(ca_pem),

@@ -8,6 +8,7 @@
 //! documenting the upstream behaviour it copies.
 
 pub mod bench;
+pub mod chaos;
 pub mod cluster_api;
 pub mod clusterctl;
 pub mod clusterctl_template;

@@ -113,9 +113,19 @@ pub fn main() -> anyhow::Result<()> {
 }
 
 async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
+    let mut kube_config = kube::Config::infer()
         .await
-        .context("connect to the cluster")?;
+        .context("find the cluster's address and credentials")?;
+    kube_config.read_timeout = Some(crate::runtime::CLIENT_READ_TIMEOUT);
+    // Count the read timeout from the request, not from when its pooled
+    // connection went idle.
+    kube_config.reset_reader_on_write = true;
+    let client = kube::client::ClientBuilder::try_from(kube_config)
+        .context("connect to the cluster")?
+        .with_layer(&tower::timeout::TimeoutLayer::new(
+            crate::runtime::RESPONSE_TIMEOUT,
+        ))
+        .build();
     let version = client
         .apiserver_version()
         .await

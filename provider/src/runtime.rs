@@ -20,6 +20,72 @@ use tenantry_api::contract::DELETE_FOR_MOVE_ANNOTATION;
 /// The field manager of every write tenantry makes.
 pub const FIELD_MANAGER: &str = "tenantry";
 
+/// How long a watch may stay open before kube-apiserver ends it and the
+/// watcher opens the next one from where it was (no relist); kube's watcher
+/// also gives up on a watch silent for this long plus 5 s. Shorter than
+/// kube's 290 s because a watch opened while kube-apiserver restarts can be
+/// accepted and then never deliver an event (the chaos suite's
+/// apiserver-restart scenario saw a watch silent until kube's idle timeout,
+/// over four minutes, while its objects changed); a short timeout bounds
+/// that silence, at the cost of one watch request per minute per watch.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 60;
+
+/// The manager client's read timeout: no byte for this long on a
+/// connection ends the request. A little longer than
+/// [`WATCH_TIMEOUT_SECONDS`], so a healthy watch always ends first, and a
+/// watch the apiserver forgot (or a request on a connection that died
+/// silently) fails instead of waiting forever.
+pub const CLIENT_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS as u64 + 20);
+
+/// How long the manager's client waits for a response to begin (its
+/// status line and headers; a watch's events and a list's body stream
+/// after that). kube-apiserver answers at once even when a watch then
+/// waits; a request it took in while restarting can stay unanswered, and
+/// neither the watch timeout (not yet begun) nor kube's watch idle timeout
+/// (no stream yet) ends it: the chaos suite saw three watches of one
+/// controller wait so for minutes. The request fails instead, and is
+/// retried with backoff.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS as u64);
+
+/// The backoff of one watch of a controller's caches after an error (the
+/// apiserver away, a relist after 410 Gone): 200 ms doubling to 10 s, reset
+/// after 30 s without errors. Shorter than kube's default (up to 30 s, a
+/// minute with jitter, reset after 120 s), which left watches asleep for a
+/// minute after kube-apiserver was back.
+pub fn watch_backoff()
+-> kube::runtime::utils::ResetTimerBackoff<kube::runtime::watcher::ExponentialBackoff> {
+    let exponential = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(10))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    kube::runtime::utils::ResetTimerBackoff::new(exponential.into(), Duration::from_secs(30))
+}
+
+/// The backoff kube's Controller puts on all of its trigger streams
+/// together: an error of any one watch pauses every watch of the
+/// controller. With kube's default (up to a minute, reset only after 120 s
+/// without errors) the watches' errors during a kube-apiserver restart kept
+/// a controller from reading any watch for minutes while its objects
+/// changed (the chaos suite's apiserver-restart scenario). Each cache watch
+/// backs off by itself ([`watch_backoff`]); this one only keeps the
+/// controller's own watch from spinning: 100 ms doubling to 1 s.
+pub fn trigger_backoff()
+-> kube::runtime::utils::ResetTimerBackoff<kube::runtime::watcher::ExponentialBackoff> {
+    let exponential = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(1))
+        .with_factor(2.0)
+        .without_max_times();
+    kube::runtime::utils::ResetTimerBackoff::new(exponential.into(), Duration::from_secs(10))
+}
+
+/// A watcher configuration with tenantry's watch timeout.
+pub fn watch_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
+}
+
 /// Settings that apply to all controllers of one manager.
 #[derive(Clone, Debug, Default)]
 pub struct ManagerConfig {
@@ -49,7 +115,7 @@ impl ManagerConfig {
 
     /// A watcher configuration honouring the watch filter.
     pub fn watcher_config(&self) -> kube::runtime::watcher::Config {
-        let config = kube::runtime::watcher::Config::default().any_semantic();
+        let config = watch_config().any_semantic();
         match self.label_selector() {
             Some(selector) => config.labels(&selector),
             None => config,

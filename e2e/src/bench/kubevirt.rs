@@ -25,7 +25,7 @@ const TEMPLATE: &str = "bench-worker";
 const SHARED_BOOTSTRAP: &str = "bench-bootstrap";
 const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 
-fn kubevirt_machines() -> kube::api::ApiResource {
+pub(crate) fn kubevirt_machines() -> kube::api::ApiResource {
     resource(GROUP, "v1alpha1", "KubevirtMachine", "kubevirtmachines")
 }
 
@@ -33,13 +33,13 @@ fn kubevirt_clusters() -> kube::api::ApiResource {
     resource(GROUP, "v1alpha1", "KubevirtCluster", "kubevirtclusters")
 }
 
-fn virtual_machines() -> kube::api::ApiResource {
+pub(crate) fn virtual_machines() -> kube::api::ApiResource {
     resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines")
 }
 
 /// The machine both providers accept: a container-disk VM (no import), no
 /// bootstrap check (no guest to reach), as CAPK's own templates write it.
-fn machine_spec() -> Value {
+pub(crate) fn machine_spec() -> Value {
     json!({
         "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
         "virtualMachineTemplate": { "spec": {
@@ -73,18 +73,20 @@ fn bootstrap_secret(name: &str) -> Value {
     })
 }
 
-/// What a run holds while it runs. Field order is drop order.
-struct World {
-    provider: RunningProvider,
-    _sim: KubevirtSimulator,
+/// What a run holds while it runs: `provider` is the provider process of
+/// a benchmark, or whatever runs the provider for another user of this
+/// world (the chaos tests' replicas). Field order is drop order.
+pub(crate) struct World<P = RunningProvider> {
+    pub(crate) provider: P,
+    pub(crate) sim: KubevirtSimulator,
     _capi: Option<ClusterApiManager>,
-    control_plane: ControlPlane,
-    client: kube::Client,
-    tally: RequestTally,
+    pub(crate) control_plane: ControlPlane,
+    pub(crate) client: kube::Client,
+    pub(crate) tally: RequestTally,
 }
 
-impl World {
-    fn api(&self, resource: &kube::api::ApiResource) -> Api<DynamicObject> {
+impl<P> World<P> {
+    pub(crate) fn api(&self, resource: &kube::api::ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), NAMESPACE, resource)
     }
 
@@ -101,6 +103,20 @@ impl World {
             .with_context(|| format!("create {} {name}", resource.kind))
     }
 
+    /// The same world with `provider` running the provider.
+    pub(crate) fn with_provider<Q>(self, provider: Q) -> World<Q> {
+        World {
+            provider,
+            sim: self.sim,
+            _capi: self._capi,
+            control_plane: self.control_plane,
+            client: self.client,
+            tally: self.tally,
+        }
+    }
+}
+
+impl World {
     fn stats(&self) -> anyhow::Result<ProcessStats> {
         process_stats::read(self.provider.process.pid())
     }
@@ -148,9 +164,55 @@ pub async fn run(
     Ok(result)
 }
 
+/// The KubeVirt simulator of a benchmark: it answers at once, since the
+/// provider is measured, not the hypervisor.
+pub(crate) fn sim_config() -> KubevirtSimConfig {
+    KubevirtSimConfig {
+        step: Duration::from_millis(10),
+        shutdown_grace: Duration::from_millis(10),
+        ip_pool: "10.128.0.0/12".into(),
+        ..KubevirtSimConfig::fast()
+    }
+}
+
 async fn start(config: &BenchConfig, provider: Provider, with_capi: bool) -> anyhow::Result<World> {
+    let world = stage(
+        config,
+        provider,
+        with_capi,
+        &format!("bench-kubevirt-{}", provider.name()),
+        Vec::new(),
+        sim_config(),
+    )
+    .await?;
+    let mut running = providers::start(
+        provider,
+        ProviderLaunch {
+            binaries: &config.binaries,
+            control_plane: &world.control_plane,
+            env: Vec::new(),
+            args: Vec::new(),
+            instance: None,
+        },
+    )?;
+    running.wait_healthy(Duration::from_secs(60)).await?;
+    Ok(world.with_provider(running))
+}
+
+/// Everything of a run but the provider: a fresh control plane named
+/// `name`, the Cluster API CRDs (or manager), `provider`'s CRDs and the
+/// KubeVirt simulator with `sim`.
+pub(crate) async fn stage(
+    config: &BenchConfig,
+    provider: Provider,
+    with_capi: bool,
+    name: &str,
+    extra_apiserver_args: Vec<String>,
+    sim: KubevirtSimConfig,
+) -> anyhow::Result<World<()>> {
     let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: format!("bench-kubevirt-{}", provider.name()),
+        name: name.to_string(),
+        extra_apiserver_args,
         ..Default::default()
     })
     .await
@@ -176,30 +238,12 @@ async fn start(config: &BenchConfig, provider: Provider, with_capi: bool) -> any
     )
     .await
     .with_context(|| format!("install {}'s CRDs", provider.name()))?;
-    let sim = KubevirtSimulator::start(
-        tally.client(kube_config)?,
-        KubevirtSimConfig {
-            // Answer at once: the provider is measured, not the hypervisor.
-            step: Duration::from_millis(10),
-            shutdown_grace: Duration::from_millis(10),
-            ip_pool: "10.128.0.0/12".into(),
-            ..KubevirtSimConfig::fast()
-        },
-    )
-    .await
-    .context("start the KubeVirt simulator")?;
-    let mut running = providers::start(
-        provider,
-        ProviderLaunch {
-            binaries: &config.binaries,
-            control_plane: &control_plane,
-            env: Vec::new(),
-        },
-    )?;
-    running.wait_healthy(Duration::from_secs(60)).await?;
+    let sim = KubevirtSimulator::start(tally.client(kube_config)?, sim)
+        .await
+        .context("start the KubeVirt simulator")?;
     Ok(World {
-        provider: running,
-        _sim: sim,
+        provider: (),
+        sim,
         _capi: capi_manager,
         control_plane,
         client,
@@ -241,7 +285,15 @@ async fn measure(
     if with_capi {
         scale(world, machines).await?;
     } else {
-        create_machines(world, capi_version, machines, config, &requested).await?;
+        create_machines(
+            world,
+            capi_version,
+            machines,
+            &machine_spec(),
+            config,
+            &requested,
+        )
+        .await?;
     }
     wait_for(
         &timeline,
@@ -344,8 +396,8 @@ async fn measure(
 /// The Cluster and its KubevirtCluster; waits until the provider made the
 /// KubevirtCluster ready (which shows its controllers run), and without the
 /// Cluster API manager sets the Cluster's status as it would.
-async fn create_cluster(
-    world: &World,
+pub(crate) async fn create_cluster<P>(
+    world: &World<P>,
     capi_version: &str,
     with_capi: bool,
     config: &BenchConfig,
@@ -439,7 +491,7 @@ async fn create_cluster(
 
 /// A MachineDeployment at zero replicas whose Machines take a ready
 /// bootstrap Secret, and its KubevirtMachineTemplate.
-async fn create_deployment(world: &World) -> anyhow::Result<()> {
+async fn create_deployment<P>(world: &World<P>) -> anyhow::Result<()> {
     world
         .create(
             &resource(
@@ -476,11 +528,12 @@ async fn scale(world: &World, replicas: usize) -> anyhow::Result<()> {
 }
 
 /// Per machine, as a MachineSet would make it: its bootstrap Secret, the
-/// Machine, and the KubevirtMachine the Machine owns.
-async fn create_machines(
-    world: &World,
+/// Machine, and the KubevirtMachine with `spec` the Machine owns.
+pub(crate) async fn create_machines<P>(
+    world: &World<P>,
     capi_version: &str,
     machines: usize,
+    spec: &Value,
     config: &BenchConfig,
     requested: &Arc<Mutex<HashMap<String, Instant>>>,
 ) -> anyhow::Result<()> {
@@ -534,7 +587,7 @@ async fn create_machines(
                                 "blockOwnerDeletion": true
                             }]
                         },
-                        "spec": machine_spec()
+                        "spec": spec
                     }),
                 )
                 .await?;

@@ -123,6 +123,13 @@ pub struct ProviderLaunch<'a> {
     pub control_plane: &'a ControlPlane,
     /// Environment of the process (the peers take Proxmox credentials so).
     pub env: Vec<(String, String)>,
+    /// More command-line arguments, after the provider's own (leader
+    /// election flags, for instance).
+    pub args: Vec<String>,
+    /// Tells replicas of one provider apart: in the process name and the
+    /// log file (`<provider>-<instance>.log`). `None` for a provider that
+    /// runs alone.
+    pub instance: Option<String>,
 }
 
 /// Starts `provider` with its release defaults (concurrency, client rate
@@ -178,14 +185,19 @@ pub fn start(provider: Provider, launch: ProviderLaunch<'_>) -> anyhow::Result<R
             command
         }
     };
+    command.args(&launch.args);
     command.env("KUBECONFIG", kubeconfig);
     command.env("RUST_LOG", "info");
     for (key, value) in &launch.env {
         command.env(key, value);
     }
-    let log = dir.join(format!("{}.log", provider.name()));
+    let name = match &launch.instance {
+        Some(instance) => format!("{}-{instance}", provider.name()),
+        None => provider.name().to_string(),
+    };
+    let log = dir.join(format!("{name}.log"));
     Ok(RunningProvider {
-        process: ManagedProcess::spawn(provider.name(), command, &log)?,
+        process: ManagedProcess::spawn(&name, command, &log)?,
         health,
     })
 }
@@ -197,6 +209,11 @@ pub struct RunningProvider {
 }
 
 impl RunningProvider {
+    /// `host:port` of its health endpoints.
+    pub fn health_addr(&self) -> &str {
+        &self.health
+    }
+
     /// Waits until the process answers `/healthz` (each of them serves it
     /// once its manager runs), or fails with its log if it exits first.
     /// Whether its controllers work shows next, when the infrastructure

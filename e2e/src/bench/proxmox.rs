@@ -87,7 +87,7 @@ const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 const VERSION: &str = "v1alpha2";
 const GIB: u64 = 1024 * 1024 * 1024;
 
-fn proxmox_machines() -> kube::api::ApiResource {
+pub(crate) fn proxmox_machines() -> kube::api::ApiResource {
     resource(GROUP, VERSION, "ProxmoxMachine", "proxmoxmachines")
 }
 
@@ -95,7 +95,7 @@ fn proxmox_clusters() -> kube::api::ApiResource {
     resource(GROUP, VERSION, "ProxmoxCluster", "proxmoxclusters")
 }
 
-fn ip_address_claims() -> kube::api::ApiResource {
+pub(crate) fn ip_address_claims() -> kube::api::ApiResource {
     resource(
         "ipam.cluster.x-k8s.io",
         "v1beta2",
@@ -106,7 +106,7 @@ fn ip_address_claims() -> kube::api::ApiResource {
 
 /// The lab of the Proxmox tests with one tenant, answering at once, and
 /// room for any wave on both nodes and the tenant's disk storage.
-fn sim_config() -> PveSimConfig {
+pub(crate) fn sim_config() -> PveSimConfig {
     let mut config = lab_config(&[TENANT]);
     config.nodes = vec![
         NodeSpec::new("pve1", 2048, 8192),
@@ -141,7 +141,7 @@ fn wave_deadline(config: &BenchConfig, machines: usize) -> Duration {
 }
 
 /// The machine both providers accept (see the module doc).
-fn machine_spec() -> Value {
+pub(crate) fn machine_spec() -> Value {
     json!({
         "sourceNode": TEMPLATE_NODE,
         "templateID": TEMPLATE,
@@ -172,17 +172,19 @@ fn bootstrap_secret(name: &str) -> Value {
     })
 }
 
-/// What a run holds while it runs. Field order is drop order: the provider
-/// stops before what it talks to.
-struct World {
-    provider: RunningProvider,
-    ipam: UpstreamManager,
-    pve: PveLab,
+/// What a run holds while it runs: `provider` is the provider process of
+/// a benchmark, or whatever runs the provider for another user of this
+/// world (the chaos tests' replicas). Field order is drop order: the
+/// provider stops before what it talks to.
+pub(crate) struct World<P = RunningProvider> {
+    pub(crate) provider: P,
+    pub(crate) ipam: UpstreamManager,
+    pub(crate) pve: PveLab,
     _capi: Option<ClusterApiManager>,
-    control_plane: ControlPlane,
-    client: kube::Client,
-    tally: RequestTally,
-    token: ApiToken,
+    pub(crate) control_plane: ControlPlane,
+    pub(crate) client: kube::Client,
+    pub(crate) tally: RequestTally,
+    pub(crate) token: ApiToken,
 }
 
 /// A [`Window`] plus the simulator's call counters.
@@ -191,8 +193,8 @@ struct PveWindow {
     calls: CallCounts,
 }
 
-impl World {
-    fn api(&self, resource: &kube::api::ApiResource) -> Api<DynamicObject> {
+impl<P> World<P> {
+    pub(crate) fn api(&self, resource: &kube::api::ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), NAMESPACE, resource)
     }
 
@@ -209,6 +211,22 @@ impl World {
             .with_context(|| format!("create {} {name}", resource.kind))
     }
 
+    /// The same world with `provider` running the provider.
+    pub(crate) fn with_provider<Q>(self, provider: Q) -> World<Q> {
+        World {
+            provider,
+            ipam: self.ipam,
+            pve: self.pve,
+            _capi: self._capi,
+            control_plane: self.control_plane,
+            client: self.client,
+            tally: self.tally,
+            token: self.token,
+        }
+    }
+}
+
+impl World {
     fn stats(&self) -> anyhow::Result<ProcessStats> {
         process_stats::read(self.provider.process.pid())
     }
@@ -318,8 +336,44 @@ fn keep_provider_log(world: &World, provider: Provider, with_capi: bool, machine
 }
 
 async fn start(config: &BenchConfig, provider: Provider, with_capi: bool) -> anyhow::Result<World> {
+    let world = stage(
+        config,
+        provider,
+        with_capi,
+        &format!("bench-proxmox-{}", provider.name()),
+        Vec::new(),
+        sim_config(),
+    )
+    .await?;
+    let mut running = providers::start(
+        provider,
+        ProviderLaunch {
+            binaries: &config.binaries,
+            control_plane: &world.control_plane,
+            env: Vec::new(),
+            args: Vec::new(),
+            instance: None,
+        },
+    )?;
+    running.wait_healthy(Duration::from_secs(60)).await?;
+    Ok(world.with_provider(running))
+}
+
+/// Everything of a run but the provider: a fresh control plane named
+/// `name`, the Cluster API CRDs (or manager), the in-cluster IPAM provider,
+/// `provider`'s CRDs, and the PVE simulator with `sim` set up as the lab
+/// with the one tenant.
+pub(crate) async fn stage(
+    config: &BenchConfig,
+    provider: Provider,
+    with_capi: bool,
+    name: &str,
+    extra_apiserver_args: Vec<String>,
+    sim: PveSimConfig,
+) -> anyhow::Result<World<()>> {
     let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: format!("bench-proxmox-{}", provider.name()),
+        name: name.to_string(),
+        extra_apiserver_args,
         ..Default::default()
     })
     .await
@@ -348,19 +402,10 @@ async fn start(config: &BenchConfig, provider: Provider, with_capi: bool) -> any
     )
     .await
     .with_context(|| format!("install {}'s CRDs", provider.name()))?;
-    let pve = PveLab::start(sim_config()).await;
+    let pve = PveLab::start(sim).await;
     let token = pve.tenant(TENANT, &[]).await;
-    let mut running = providers::start(
-        provider,
-        ProviderLaunch {
-            binaries: &config.binaries,
-            control_plane: &control_plane,
-            env: Vec::new(),
-        },
-    )?;
-    running.wait_healthy(Duration::from_secs(60)).await?;
     Ok(World {
-        provider: running,
+        provider: (),
         ipam,
         pve,
         _capi: capi_manager,
@@ -514,19 +559,47 @@ async fn measure(
     })
 }
 
-/// What a finished deletion left behind, after the measurement: live
-/// IPAddressClaims (the garbage collector removes those the provider owns,
-/// so they get a few seconds), seed ISOs and tasks still running. A claim
-/// being deleted is not left behind: the in-cluster IPAM provider holds it
-/// (finalizer `ipam.cluster.x-k8s.io/ReleaseAddress`) for the pool's
+/// What a finished deletion left behind: live IPAddressClaims, seed ISOs
+/// and tasks still running. A claim being deleted is not left behind: the
+/// in-cluster IPAM provider holds it (finalizer
+/// `ipam.cluster.x-k8s.io/ReleaseAddress`) for the pool's
 /// `addressReuseGracePeriodSeconds`, 60 s in the pools both providers make.
-/// Printed, not failed on: it is a finding.
-async fn report_leftovers(world: &World, provider: Provider) -> anyhow::Result<()> {
+#[derive(Debug, Default)]
+pub(crate) struct Leftovers {
+    /// IPAddressClaims not being deleted.
+    pub(crate) claims: Vec<String>,
+    /// IPAddressClaims being deleted, held for the reuse grace period.
+    pub(crate) releasing_claims: usize,
+    /// ISO volumes on any storage (the seeds).
+    pub(crate) isos: Vec<String>,
+    /// Tasks still running.
+    pub(crate) running_tasks: Vec<String>,
+}
+
+impl Leftovers {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.isos.is_empty() && self.running_tasks.is_empty()
+    }
+
+    fn describe(&self) -> Vec<String> {
+        let claims = self.claims.iter().map(|c| format!("IPAddressClaim {c}"));
+        let isos = self.isos.iter().map(|v| format!("ISO {v}"));
+        let tasks = self
+            .running_tasks
+            .iter()
+            .map(|t| format!("running task {t}"));
+        claims.chain(isos).chain(tasks).collect()
+    }
+}
+
+/// The [`Leftovers`] of a deletion, looked at again for up to `grace` while
+/// there are any (the garbage collector removes the claims the provider
+/// owns, so they get a few seconds).
+pub(crate) async fn leftovers<P>(world: &World<P>, grace: Duration) -> anyhow::Result<Leftovers> {
     let claims = world.api(&ip_address_claims());
-    let grace = Instant::now() + Duration::from_secs(15);
-    let (left, releasing) = loop {
-        let mut left = Vec::new();
-        let mut releasing = 0;
+    let until = Instant::now() + grace;
+    loop {
+        let mut left = Leftovers::default();
         for claim in claims
             .list(&ListParams::default())
             .await
@@ -534,45 +607,48 @@ async fn report_leftovers(world: &World, provider: Provider) -> anyhow::Result<(
             .items
         {
             if claim.metadata.deletion_timestamp.is_some() {
-                releasing += 1;
+                left.releasing_claims += 1;
             } else {
-                left.push(format!(
-                    "IPAddressClaim {}",
-                    claim.metadata.name.unwrap_or_default()
-                ));
+                left.claims.push(claim.metadata.name.unwrap_or_default());
             }
         }
         let snapshot = world.pve.sim.snapshot();
-        left.extend(
-            snapshot
-                .volumes
-                .iter()
-                .filter(|volume| volume.content == "iso")
-                .map(|volume| format!("ISO {}", volume.volid)),
-        );
-        left.extend(
-            snapshot
-                .tasks
-                .iter()
-                .filter(|task| task.exitstatus.is_none())
-                .map(|task| format!("running task {}", task.upid)),
-        );
-        if left.is_empty() || Instant::now() > grace {
-            break (left, releasing);
+        left.isos = snapshot
+            .volumes
+            .iter()
+            .filter(|volume| volume.content == "iso")
+            .map(|volume| volume.volid.clone())
+            .collect();
+        left.running_tasks = snapshot
+            .tasks
+            .iter()
+            .filter(|task| task.exitstatus.is_none())
+            .map(|task| task.upid.clone())
+            .collect();
+        if left.is_empty() || Instant::now() > until {
+            return Ok(left);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    }
+}
+
+/// Prints the [`Leftovers`] of a finished deletion, after the measurement:
+/// not failed on, it is a finding.
+async fn report_leftovers(world: &World, provider: Provider) -> anyhow::Result<()> {
+    let left = leftovers(world, Duration::from_secs(15)).await?;
     if left.is_empty() {
         eprintln!(
-            "    {}: nothing left after deletion ({releasing} IPAddressClaims releasing their address after the pool's reuse grace period)",
-            provider.name()
+            "    {}: nothing left after deletion ({} IPAddressClaims releasing their address after the pool's reuse grace period)",
+            provider.name(),
+            left.releasing_claims
         );
     } else {
+        let described = left.describe();
         eprintln!(
             "    {}: left after deletion ({}): {}",
             provider.name(),
-            left.len(),
-            left.join(", ")
+            described.len(),
+            described.join(", ")
         );
     }
     Ok(())
@@ -582,8 +658,8 @@ async fn report_leftovers(world: &World, provider: Provider) -> anyhow::Result<(
 /// the provider made the ProxmoxCluster ready (which shows its controllers
 /// run), and without the Cluster API manager sets the Cluster's status as
 /// it would.
-async fn create_cluster(
-    world: &World,
+pub(crate) async fn create_cluster<P>(
+    world: &World<P>,
     capi_version: &str,
     with_capi: bool,
     config: &BenchConfig,
@@ -691,7 +767,7 @@ async fn create_cluster(
 
 /// A MachineDeployment at zero replicas whose Machines take a ready
 /// bootstrap Secret, and its ProxmoxMachineTemplate.
-async fn create_deployment(world: &World) -> anyhow::Result<()> {
+async fn create_deployment<P>(world: &World<P>) -> anyhow::Result<()> {
     world
         .create(
             &resource(
@@ -729,8 +805,8 @@ async fn scale(world: &World, replicas: usize) -> anyhow::Result<()> {
 
 /// Per machine, as a MachineSet would make it: its bootstrap Secret, the
 /// Machine, and the ProxmoxMachine the Machine owns.
-async fn create_machines(
-    world: &World,
+pub(crate) async fn create_machines<P>(
+    world: &World<P>,
     capi_version: &str,
     machines: usize,
     config: &BenchConfig,

@@ -104,8 +104,9 @@ pub async fn run(base: Arc<Context>) {
         base,
         infra: InfraClients::default(),
     });
-    let service_config = kube::runtime::watcher::Config::default().labels(KUBEVIRT_CLUSTER_LABEL);
+    let service_config = crate::runtime::watch_config().labels(KUBEVIRT_CLUSTER_LABEL);
     Controller::new(clusters, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff())
         .owns(config.api::<Service>(&client), service_config)
         .watches(
             config.api::<Cluster>(&client),

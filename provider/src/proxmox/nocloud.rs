@@ -95,7 +95,8 @@ impl FromStr for MacAddress {
         let mut parts = text.split(':');
         for octet in &mut octets {
             let part = parts.next().ok_or_else(invalid)?;
-            if part.len() != 2 {
+            // `from_str_radix` alone would take "+a" as 0x0a.
+            if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(invalid());
             }
             *octet = u8::from_str_radix(part, 16).map_err(|_| invalid())?;
@@ -942,6 +943,8 @@ mod tests {
             "bc-24-11-aa-bb-0c",
             "bc:24:11:aa:bb:0g",
             "bc:24:11:aa:bb:c",
+            "+c:24:11:aa:bb:0c",
+            "bc:24:11:aa:bb:+c",
         ] {
             assert!(
                 matches!(

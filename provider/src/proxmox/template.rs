@@ -51,6 +51,7 @@ pub fn template_status(template: &ProxmoxMachineTemplate) -> MachineTemplateStat
 pub async fn run(ctx: Arc<Context>) {
     let api: Api<ProxmoxMachineTemplate> = ctx.config.api(&ctx.client);
     Controller::new(api, ctx.config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff())
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

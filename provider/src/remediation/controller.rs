@@ -103,7 +103,8 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         infra: InfraClients::default(),
         pve: ClientCache::default(),
     });
-    let controller = Controller::new(remediations, config.watcher_config());
+    let controller = Controller::new(remediations, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff());
     let store = controller.store();
     controller
         // A remediation is named after its Machine: the Machine's health

@@ -12,7 +12,6 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use tenantry_api::tenant::{KUBERNETES_FINALIZER, Kubernetes};
 
 use super::reconcile::{self, Error};
@@ -24,7 +23,8 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let objects: Api<Kubernetes> = config.api(&client);
-    let controller = Controller::new(objects, config.watcher_config());
+    let controller = Controller::new(objects, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff());
     let store = controller.store();
     let namespaced_store = store.clone();
     // Every Kubernetes object of a namespace: the namespace's etcd serves
@@ -56,7 +56,7 @@ pub async fn run(base: Arc<Context>) {
         controller = controller.watches_with(
             kcps,
             reconcile::kamaji_control_plane_resource(),
-            watcher::Config::default().labels(render::KUBERNETES_LABEL),
+            crate::runtime::watch_config().labels(render::KUBERNETES_LABEL),
             move |kcp| by_label(&kcp.metadata),
         );
     } else {
@@ -70,7 +70,7 @@ pub async fn run(base: Arc<Context>) {
         controller = controller.watches_with(
             etcds,
             reconcile::etcd_cluster_resource(),
-            watcher::Config::default(),
+            crate::runtime::watch_config(),
             move |etcd| in_namespace(etcd.metadata.namespace.clone()),
         );
     } else {

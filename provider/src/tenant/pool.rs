@@ -431,7 +431,8 @@ pub fn duration_seconds(text: &str) -> Option<i64> {
             's' => 1,
             _ => return None,
         };
-        total += digits.parse::<i64>().ok()? * unit;
+        // Checked: a value past i64 seconds is no duration, not a panic.
+        total = total.checked_add(digits.parse::<i64>().ok()?.checked_mul(unit)?)?;
         digits.clear();
     }
     (digits.is_empty() && total > 0).then_some(total)
@@ -645,5 +646,16 @@ mod tests {
         assert_eq!(duration_seconds("90s"), Some(90));
         assert_eq!(duration_seconds("5"), None);
         assert_eq!(duration_seconds("1.5h"), None);
+    }
+
+    #[test]
+    fn durations_past_i64_seconds_are_none_not_a_panic() {
+        // Found by fuzz/quantity_duration.
+        assert_eq!(duration_seconds("88088777388088777h"), None);
+        assert_eq!(duration_seconds("9223372036854775807s1s"), None);
+        assert_eq!(
+            duration_seconds("2562047788015215h"),
+            Some(9_223_372_036_854_774_000)
+        );
     }
 }

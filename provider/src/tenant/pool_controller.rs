@@ -10,7 +10,6 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::{KUBERNETES_NODES_FINALIZER, KubernetesNodes};
 
@@ -26,13 +25,14 @@ pub async fn run(base: Arc<Context>) {
         client.clone(),
         &pool_reconcile::machine_deployment_resource(),
     );
-    let controller = Controller::new(pools, config.watcher_config());
+    let controller = Controller::new(pools, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff());
     let store = controller.store();
     // A change of the parent (talos.*, version) changes what its pools
     // render: every pool naming it is reconciled.
     let parents: Api<Kubernetes> = config.api(&client);
     controller
-        .watches(parents, watcher::Config::default(), move |parent| {
+        .watches(parents, crate::runtime::watch_config(), move |parent| {
             let name = parent.metadata.name.clone().unwrap_or_default();
             let namespace = parent.metadata.namespace.clone();
             store
@@ -45,7 +45,7 @@ pub async fn run(base: Arc<Context>) {
         .owns_with(
             deployments,
             pool_reconcile::machine_deployment_resource(),
-            watcher::Config::default().labels(super::pool::POOL_LABEL),
+            crate::runtime::watch_config().labels(super::pool::POOL_LABEL),
         )
         .shutdown_on_signal()
         .run(reconcile, error_policy, base)

@@ -48,7 +48,7 @@ pub async fn run(base: Arc<Context>) {
     let machines: Api<KubevirtMachine> = config.api(&client);
     // Only objects tenantry labelled are watched in the infrastructure
     // (management) cluster.
-    let labelled = watcher::Config::default()
+    let labelled = crate::runtime::watch_config()
         .labels(MACHINE_NAME_LABEL)
         .any_semantic();
     // Each watch feeds a store (read by reconciles, see cache.rs) and
@@ -60,33 +60,33 @@ pub async fn run(base: Arc<Context>) {
     let (clusters, cluster_writer) = reflector::store();
     let (kubevirt_clusters, kubevirt_cluster_writer) = reflector::store();
     let vm_stream = watcher(config.api::<VirtualMachine>(&client), labelled.clone())
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(vm_writer)
         .touched_objects();
     let vmi_stream = watcher(
         config.api::<VirtualMachineInstance>(&client),
         labelled.clone(),
     )
-    .default_backoff()
+    .backoff(crate::runtime::watch_backoff())
     .reflect(vmi_writer)
     .touched_objects();
     let dv_stream = watcher(config.api::<DataVolume>(&client), labelled)
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(dv_writer)
         .touched_objects();
     let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(machine_writer)
         .touched_objects();
     let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(cluster_writer)
         .touched_objects();
     let kubevirt_cluster_stream = watcher(
         config.api::<KubevirtCluster>(&client),
         config.watcher_config(),
     )
-    .default_backoff()
+    .backoff(crate::runtime::watch_backoff())
     .reflect(kubevirt_cluster_writer)
     .touched_objects();
     let ctx = Arc::new(MachineContext {
@@ -104,7 +104,8 @@ pub async fn run(base: Arc<Context>) {
             watched_namespace: config.namespace.clone(),
         },
     });
-    let controller = Controller::new(machines, config.watcher_config());
+    let controller = Controller::new(machines, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff());
     let store = controller.store();
     controller
         // A VM's start is a burst of VMI and VM status changes; one

@@ -408,9 +408,9 @@ pub(crate) fn is_transient_message(message: &str) -> bool {
 fn vmid_before(message: &str, suffix: &str) -> Option<Option<u32>> {
     let end = message.find(suffix)?;
     let head = &message[..end];
-    let digits_start = head
-        .rfind(|c: char| !c.is_ascii_digit())
-        .map_or(0, |i| i + 1);
+    // Counted in bytes from the end: the character before the digits may be
+    // several bytes long (a reason phrase read lossily holds U+FFFD).
+    let digits_start = head.len() - head.bytes().rev().take_while(u8::is_ascii_digit).count();
     let digits = &head[digits_start..];
     let before = &head[..digits_start];
     if digits.is_empty() || !(before.ends_with("VM ") || before.ends_with("CT ")) {
@@ -625,6 +625,30 @@ mod tests {
                 "{text}: {error:?}"
             );
         }
+    }
+
+    #[test]
+    fn non_ascii_before_the_suffix_is_no_vmid_and_no_panic() {
+        // Found by fuzz/pve_json: a reason phrase with a byte that is not
+        // UTF-8, read lossily, right before " not running".
+        let error = classify(595, Some("guest agent is\u{fffd} not running"), b"");
+        assert!(error.is_transient(), "{error:?}");
+        for text in [
+            "VM\u{a0}105 is running",
+            "é105 not running",
+            "VM 10\u{fffd}5 is running",
+        ] {
+            let error = by_reason(500, text);
+            assert_eq!(error.reason(), "Rejected", "{text}: {error:?}");
+        }
+        let error = by_reason(500, "VM\u{a0}VM 105 is running");
+        assert!(matches!(
+            error,
+            ProxmoxError::VmRunning {
+                vmid: Some(105),
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -186,8 +186,8 @@ impl ProxmoxClient {
         path: &str,
         query: &impl Serialize,
     ) -> Result<T> {
-        let envelope = self.send(Method::GET, path, |r| r.query(query)).await?;
-        Ok(envelope.data)
+        let (data, _) = self.send(Method::GET, path, |r| r.query(query)).await?;
+        Ok(data)
     }
 
     /// A GET whose envelope carries `total` next to `data`.
@@ -196,8 +196,7 @@ impl ProxmoxClient {
         path: &str,
         query: &impl Serialize,
     ) -> Result<(T, Option<u64>)> {
-        let envelope = self.send(Method::GET, path, |r| r.query(query)).await?;
-        Ok((envelope.data, envelope.total))
+        self.send(Method::GET, path, |r| r.query(query)).await
     }
 
     pub(crate) async fn post<T: DeserializeOwned>(
@@ -205,7 +204,7 @@ impl ProxmoxClient {
         path: &str,
         form: &impl Serialize,
     ) -> Result<T> {
-        Ok(self.send(Method::POST, path, |r| r.form(form)).await?.data)
+        Ok(self.send(Method::POST, path, |r| r.form(form)).await?.0)
     }
 
     pub(crate) async fn put<T: DeserializeOwned>(
@@ -213,7 +212,7 @@ impl ProxmoxClient {
         path: &str,
         form: &impl Serialize,
     ) -> Result<T> {
-        Ok(self.send(Method::PUT, path, |r| r.form(form)).await?.data)
+        Ok(self.send(Method::PUT, path, |r| r.form(form)).await?.0)
     }
 
     pub(crate) async fn delete<T: DeserializeOwned>(
@@ -221,10 +220,7 @@ impl ProxmoxClient {
         path: &str,
         query: &impl Serialize,
     ) -> Result<T> {
-        Ok(self
-            .send(Method::DELETE, path, |r| r.query(query))
-            .await?
-            .data)
+        Ok(self.send(Method::DELETE, path, |r| r.query(query)).await?.0)
     }
 
     pub(crate) async fn post_multipart<T: DeserializeOwned>(
@@ -235,7 +231,7 @@ impl ProxmoxClient {
         Ok(self
             .send(Method::POST, path, |r| r.multipart(form))
             .await?
-            .data)
+            .0)
     }
 
     async fn send<T: DeserializeOwned>(
@@ -243,7 +239,7 @@ impl ProxmoxClient {
         method: Method,
         path: &str,
         build: impl FnOnce(RequestBuilder) -> RequestBuilder,
-    ) -> Result<Envelope<T>> {
+    ) -> Result<(T, Option<u64>)> {
         let url = self.inner.base.join(path);
         let request = build(self.inner.http.request(method.clone(), url))
             .header(AUTHORIZATION, self.inner.authorization.clone());
@@ -272,14 +268,33 @@ impl ProxmoxClient {
             "PVE API request"
         );
         let body = body.map_err(error::transport_error)?;
-        if !status.is_success() {
-            return Err(classify(status.as_u16(), reason.as_deref(), &body));
-        }
-        serde_json::from_slice(&body).map_err(|e| ProxmoxError::Decode {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })
+        decode_response(path, status.as_u16(), reason.as_deref(), &body)
     }
+}
+
+/// What a PVE answer means, as every call of the client reads it: a status
+/// outside 2xx is the error [`classify`] makes of it; a 2xx body is the
+/// `{"data": …}` envelope, giving its `data` as `T` and the `total` paged
+/// endpoints add. Pure, and public for the fuzz targets (`fuzz/`), which feed
+/// it arbitrary bodies.
+#[allow(
+    clippy::result_large_err,
+    reason = "ProxmoxError is what every client call returns; see `Result`"
+)]
+pub fn decode_response<T: DeserializeOwned>(
+    path: &str,
+    status: u16,
+    reason_phrase: Option<&str>,
+    body: &[u8],
+) -> Result<(T, Option<u64>)> {
+    if !(200..300).contains(&status) {
+        return Err(classify(status, reason_phrase, body));
+    }
+    let envelope: Envelope<T> = serde_json::from_slice(body).map_err(|e| ProxmoxError::Decode {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok((envelope.data, envelope.total))
 }
 
 /// An API path from raw segments, each percent-encoded as one path segment
@@ -457,6 +472,17 @@ mod tests {
     fn no_params_encode_to_nothing() {
         assert_eq!(query_string(&NoParams), "");
         assert_eq!(form_body(&NoParams), "");
+    }
+
+    #[test]
+    fn responses_decode_as_envelopes_or_classified_errors() {
+        let (data, total): (Vec<u32>, _) =
+            decode_response("/x", 200, None, br#"{"data":[1],"total":1}"#).unwrap();
+        assert_eq!((data, total), (vec![1], Some(1)));
+        let error = decode_response::<u32>("/x", 200, None, br#"{"data":"x"}"#).unwrap_err();
+        assert!(matches!(&error, ProxmoxError::Decode { path, .. } if path == "/x"));
+        let error = decode_response::<u32>("/x", 500, Some("no such VM ('105')"), b"").unwrap_err();
+        assert!(error.is_not_found(), "{error:?}");
     }
 
     #[test]

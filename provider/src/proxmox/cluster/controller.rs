@@ -18,7 +18,8 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let clusters: Api<ProxmoxCluster> = config.api(&client);
-    let controller = Controller::new(clusters, config.watcher_config());
+    let controller = Controller::new(clusters, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff());
     let store = controller.store();
     let ctx = Arc::new(ClusterContext::new(base));
     controller

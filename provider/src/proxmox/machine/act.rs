@@ -368,6 +368,16 @@ pub async fn ensure_addresses(
                 }
             }
         };
+        if claim.metadata.deletion_timestamp.is_some() {
+            // Released (an address conflict, or a deletion under way): its
+            // address is not this machine's any more; a new claim is made
+            // once the IPAM provider lets it go.
+            pending.push(format!(
+                "IPAddressClaim {} to be released by the IPAM provider",
+                plan.name
+            ));
+            continue;
+        }
         let status = claim.status.as_ref();
         let refused = status
             .and_then(|s| s.conditions.as_ref())
@@ -510,5 +520,56 @@ pub fn reconcile_task_wait() -> TaskWaitConfig {
         jitter: true,
         timeout: Duration::from_secs(5),
         log_tail_lines: 5,
+    }
+}
+
+/// This machine's addresses that another IPAddress of the same pool holds
+/// too, when this machine's IPAddress is the newer of the two: an IPAM
+/// provider allocating from a stale cache (the in-cluster provider after
+/// kube-apiserver restarts, kubernetes-sigs/cluster-api-ipam-provider-in-cluster
+/// PR 338) can hand one address out twice, and a VM booted with it would
+/// take another machine's address. Reads every IPAddress of the namespace
+/// from the apiserver (the watch store may be as stale as the provider's
+/// cache), once per machine: just before its seed is written.
+pub async fn address_conflicts(
+    client: &kube::Client,
+    caches: &Caches,
+    machine: &ProxmoxMachine,
+    plans: &[ClaimPlan],
+) -> kube::Result<Vec<super::decide::AddressConflict>> {
+    let namespace = machine.metadata.namespace.clone().unwrap_or_default();
+    let claims: Api<IpAddressClaim> = Api::namespaced(client.clone(), &namespace);
+    let addresses: Api<IpAddress> = Api::namespaced(client.clone(), &namespace);
+    let mut ours = Vec::new();
+    for plan in plans {
+        let Some(reference) = caches
+            .claim(&claims, &namespace, &plan.name)
+            .await?
+            .and_then(|c| c.status.and_then(|s| s.address_ref))
+        else {
+            continue;
+        };
+        if let Some(address) = caches
+            .address(&addresses, &namespace, &reference.name)
+            .await?
+        {
+            ours.push((plan.name.clone(), address));
+        }
+    }
+    if ours.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all = addresses.list(&ListParams::default()).await?.items;
+    Ok(super::decide::address_conflicts(&ours, &all))
+}
+
+/// Deletes the IPAddressClaim `name` (gone already is fine), so that the
+/// IPAM provider releases its address and a new claim gets another.
+pub async fn release_claim(client: &kube::Client, namespace: &str, name: &str) -> kube::Result<()> {
+    let claims: Api<IpAddressClaim> = Api::namespaced(client.clone(), namespace);
+    match claims.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error),
     }
 }

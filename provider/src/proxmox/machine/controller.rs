@@ -57,11 +57,12 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let machines: Api<ProxmoxMachine> = config.api(&client);
-    let controller = Controller::new(machines, config.watcher_config());
+    let controller = Controller::new(machines, config.watcher_config())
+        .trigger_backoff(crate::runtime::trigger_backoff());
     let store = controller.store();
     // Each watch feeds a store (read by reconciles, see cache.rs) and
     // triggers reconciles of the machines it concerns.
-    let labelled = watcher::Config::default()
+    let labelled = crate::runtime::watch_config()
         .labels(MACHINE_LABEL)
         .any_semantic();
     let (owner_machines, machine_writer) = reflector::store();
@@ -70,31 +71,31 @@ pub async fn run(base: Arc<Context>) {
     let (claims, claim_writer) = reflector::store();
     let (addresses, address_writer) = reflector::store();
     let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(machine_writer)
         .touched_objects();
     let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(cluster_writer)
         .touched_objects();
     let proxmox_cluster_stream = watcher(
         config.api::<ProxmoxCluster>(&client),
         config.watcher_config(),
     )
-    .default_backoff()
+    .backoff(crate::runtime::watch_backoff())
     .reflect(proxmox_cluster_writer)
     .touched_objects();
     let claim_stream = watcher(config.api::<IpAddressClaim>(&client), labelled)
-        .default_backoff()
+        .backoff(crate::runtime::watch_backoff())
         .reflect(claim_writer)
         .touched_objects();
     // IPAddresses carry the IPAM provider's labels, not ours: all of the
     // watched namespace(s). Read only; their claims' changes wake machines.
     let address_stream = watcher(
         config.api::<IpAddress>(&client),
-        watcher::Config::default().any_semantic(),
+        crate::runtime::watch_config().any_semantic(),
     )
-    .default_backoff()
+    .backoff(crate::runtime::watch_backoff())
     .reflect(address_writer)
     .touched_objects();
     let ctx = Arc::new(MachineContext {

@@ -59,6 +59,7 @@ pub mod reason {
     pub const DISK_RESIZE_FAILED: &str = "DiskResizeFailed";
     pub const WAITING_FOR_STATIC_IP: &str = "WaitingForStaticIPAllocation";
     pub const IP_ALLOCATION_FAILED: &str = "IPAddressClaimFailed";
+    pub const IP_ADDRESS_CONFLICT: &str = "IPAddressConflict";
     pub const UPLOADING_BOOTSTRAP_DATA: &str = "WaitingForBootstrapDataReconciliation";
     pub const BOOTSTRAP_DATA_FAILED: &str = "BootstrapDataReconciliationFailed";
     pub const POWERING_ON: &str = "WaitingForVMPowerUp";
@@ -615,6 +616,64 @@ pub struct ClaimPlan {
     pub pool_name: String,
 }
 
+/// An address of this machine that an older IPAddress of the same pool
+/// holds too: this machine's claim must go, so that it gets another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressConflict {
+    /// This machine's claim to release.
+    pub claim: String,
+    pub message: String,
+}
+
+/// Which of `ours` (claim name, its IPAddress) another IPAddress of `all`
+/// in the same pool holds too, where ours is the newer (created later, or
+/// at the same second with a later name): the older keeps the address.
+pub fn address_conflicts(
+    ours: &[(String, tenantry_api::generated::capi::ip_address::IpAddress)],
+    all: &[tenantry_api::generated::capi::ip_address::IpAddress],
+) -> Vec<AddressConflict> {
+    let age = |a: &tenantry_api::generated::capi::ip_address::IpAddress| {
+        (
+            a.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            a.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let mut conflicts = Vec::new();
+    for (claim, mine) in ours {
+        let same_ip = |other: &tenantry_api::generated::capi::ip_address::IpAddress| {
+            let (a, b) = (&mine.spec, &other.spec);
+            other.metadata.name != mine.metadata.name
+                && a.pool_ref.name == b.pool_ref.name
+                && a.pool_ref.kind == b.pool_ref.kind
+                && a.pool_ref.api_group == b.pool_ref.api_group
+                && match (a.address.parse::<IpAddr>(), b.address.parse::<IpAddr>()) {
+                    (Ok(x), Ok(y)) => x == y,
+                    _ => a.address == b.address,
+                }
+        };
+        if let Some(older) = all
+            .iter()
+            .filter(|other| same_ip(other))
+            .filter(|other| age(other) < age(mine))
+            .min_by_key(|other| age(other))
+        {
+            conflicts.push(AddressConflict {
+                claim: claim.clone(),
+                message: format!(
+                    "{} {} gave address {} to IPAddress {} of claim {claim}, but IPAddress {} of claim {} already holds it",
+                    mine.spec.pool_ref.kind,
+                    mine.spec.pool_ref.name,
+                    mine.spec.address,
+                    mine.metadata.name.as_deref().unwrap_or_default(),
+                    older.metadata.name.as_deref().unwrap_or_default(),
+                    older.spec.claim_ref.name,
+                ),
+            });
+        }
+    }
+    conflicts
+}
+
 /// The claims of a machine: one per device and pool. `net0` takes the
 /// cluster's pools (its zone's, if the machine names a zone the cluster
 /// configures) unless it names its own; other devices take theirs.
@@ -951,6 +1010,7 @@ pub fn is_failure(reason: &str) -> bool {
             | reason::CONFIGURATION_FAILED
             | reason::DISK_RESIZE_FAILED
             | reason::IP_ALLOCATION_FAILED
+            | reason::IP_ADDRESS_CONFLICT
             | reason::BOOTSTRAP_DATA_FAILED
             | reason::POWERING_ON_FAILED
             | reason::GUEST_AGENT_NOT_CONFIGURED
@@ -985,6 +1045,53 @@ mod tests {
 
     fn resources(value: serde_json::Value) -> Vec<ClusterResource> {
         serde_json::from_value(value).unwrap()
+    }
+
+    fn ip_address(
+        name: &str,
+        pool: &str,
+        address: &str,
+        created: &str,
+    ) -> tenantry_api::generated::capi::ip_address::IpAddress {
+        serde_json::from_value(json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
+            "kind": "IPAddress",
+            "metadata": { "name": name, "namespace": "default", "creationTimestamp": created },
+            "spec": {
+                "address": address,
+                "prefix": 24,
+                "claimRef": { "name": name },
+                "poolRef": { "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": pool },
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_newer_of_two_ipaddresses_with_one_address_gives_it_up() {
+        let older = ip_address("a-net0", "workers", "10.0.0.10", "2026-12-04T07:00:00Z");
+        let newer = ip_address("b-net0", "workers", "10.0.0.10", "2026-12-04T07:00:05Z");
+        let elsewhere = ip_address("c-net0", "other", "10.0.0.10", "2026-12-04T06:00:00Z");
+        let all = vec![older.clone(), newer.clone(), elsewhere];
+        let conflicts = address_conflicts(&[("b-net0".into(), newer)], &all);
+        assert_eq!(conflicts.len(), 1);
+        assert_eq!(conflicts[0].claim, "b-net0");
+        assert!(
+            conflicts[0].message.contains("10.0.0.10") && conflicts[0].message.contains("a-net0"),
+            "{}",
+            conflicts[0].message
+        );
+        // The older keeps it; a pool of its own is no conflict.
+        assert!(address_conflicts(&[("a-net0".into(), older)], &all).is_empty());
+        // Same second: the later name gives it up.
+        let twin = ip_address("a-net1", "workers", "10.0.0.11", "2026-12-04T07:00:00Z");
+        let twin2 = ip_address("b-net1", "workers", "10.0.0.11", "2026-12-04T07:00:00Z");
+        let all = vec![twin.clone(), twin2.clone()];
+        assert!(address_conflicts(&[("a-net1".into(), twin)], &all).is_empty());
+        assert_eq!(
+            address_conflicts(&[("b-net1".into(), twin2)], &all).len(),
+            1
+        );
     }
 
     #[test]

@@ -599,7 +599,7 @@ impl Run<'_> {
                         ));
                     }
                 };
-                self.attach_seed(client, &gates, &vm, &allocated, &pool_storages)
+                self.attach_seed(client, &gates, &vm, &allocated, &plans, &pool_storages)
                     .await?;
                 self.start(client, &vm).await?;
             }
@@ -1216,6 +1216,7 @@ impl Run<'_> {
         gates: &Gates,
         vm: &VmFacts,
         addresses: &[DeviceAddress],
+        plans: &[decide::ClaimPlan],
         pool_storages: &[String],
     ) -> Result<(), Halt> {
         let file = nocloud::iso_file_name(&self.uid)
@@ -1284,6 +1285,40 @@ impl Run<'_> {
                 )
             })?;
         if !uploaded {
+            // The seed fixes the addresses the guest takes: none of them may
+            // be another machine's.
+            let conflicts = act::address_conflicts(
+                &self.ctx.base.client,
+                &self.ctx.caches,
+                &self.machine,
+                plans,
+            )
+            .await?;
+            if !conflicts.is_empty() {
+                for conflict in &conflicts {
+                    act::release_claim(&self.ctx.base.client, &self.namespace, &conflict.claim)
+                        .await?;
+                }
+                let message = conflicts
+                    .iter()
+                    .map(|c| c.message.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                self.ctx
+                    .base
+                    .event(
+                        &self.machine,
+                        EventType::Warning,
+                        reason::IP_ADDRESS_CONFLICT,
+                        format!("{message}; released the claim to get another address"),
+                    )
+                    .await;
+                return Err(wait(
+                    reason::IP_ADDRESS_CONFLICT,
+                    format!("{message}; waiting for another address"),
+                    Some(Duration::from_secs(10)),
+                ));
+            }
             let network = decide::seed_network(
                 &self.machine.spec,
                 &gates.proxmox_cluster.spec,

@@ -1,0 +1,437 @@
+//! The KubeVirt world of the chaos scenarios: the benchmark's, with
+//! tenantry as [`Replicas`] and machines that also get a blank DataVolume
+//! (so that a machine has a disk to leave behind), counted through the
+//! objects KubeVirt and CDI keep.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use serde_json::{Value, json};
+use tenantry_api::kubevirt::KUBEVIRT_MACHINE_FINALIZER;
+use tenantry_provider::kubevirt::render::MACHINE_NAME_LABEL;
+
+use super::audit::AuditLog;
+use super::lab::ManagerSetup;
+use super::lab::{self, Lab, list, names, some_of};
+use super::{ChaosConfig, Outcome, Replicas};
+use crate::bench::kubevirt::{self as world, World};
+use crate::bench::{BenchConfig, NAMESPACE, Provider, resource};
+use crate::control_plane::ControlPlane;
+use crate::sim::kubevirt::KubevirtSimConfig;
+
+/// The Cluster API version the machines' owners are written in.
+const CAPI_VERSION: &str = "v1beta2";
+/// How long deleted objects get to go before they count as left behind:
+/// the garbage collector removes a DataVolume's PVC after the DataVolume,
+/// and finds one whose DataVolume was gone before it (created from a stale
+/// cache, as CDI may) only on a later pass.
+const GRACE: Duration = Duration::from_secs(60);
+
+fn virtual_machine_instances() -> kube::api::ApiResource {
+    resource(
+        "kubevirt.io",
+        "v1",
+        "VirtualMachineInstance",
+        "virtualmachineinstances",
+    )
+}
+
+fn data_volumes() -> kube::api::ApiResource {
+    resource("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes")
+}
+
+/// Paced like a small, quick cluster (100 ms steps) rather than the
+/// benchmark's instant one, so that a kill or a restart lands while
+/// KubeVirt is still at work.
+fn sim_config() -> KubevirtSimConfig {
+    KubevirtSimConfig {
+        ip_pool: "10.128.0.0/12".into(),
+        shutdown_grace: Duration::from_millis(200),
+        ..KubevirtSimConfig::fast()
+    }
+}
+
+/// The benchmark's machine with a second disk: a blank DataVolume from the
+/// VM's `dataVolumeTemplates` (tenantry names it `<machine>-data`).
+fn machine_spec() -> Value {
+    let mut spec = world::machine_spec();
+    let vm = &mut spec["virtualMachineTemplate"]["spec"];
+    vm["dataVolumeTemplates"] = json!([{
+        "metadata": { "name": "data" },
+        "spec": {
+            "source": { "blank": {} },
+            "storage": { "resources": { "requests": { "storage": "1Gi" } } }
+        }
+    }]);
+    let guest = &mut vm["template"]["spec"];
+    if let Some(disks) = guest["domain"]["devices"]["disks"].as_array_mut() {
+        disks.push(json!({ "name": "data", "disk": { "bus": "virtio" } }));
+    }
+    if let Some(volumes) = guest["volumes"].as_array_mut() {
+        volumes.push(json!({ "name": "data", "dataVolume": { "name": "data" } }));
+    }
+    spec
+}
+
+/// The KubeVirt world with tenantry running as replicas.
+pub(crate) struct KubevirtLab {
+    world: World<Replicas>,
+    bench: BenchConfig,
+    audit: Option<AuditLog>,
+}
+
+impl KubevirtLab {
+    /// A fresh world named `name` with `replicas` tenantry processes, and
+    /// the Cluster with its KubevirtCluster ready.
+    pub(crate) async fn start(
+        config: &ChaosConfig,
+        name: &str,
+        setup: &ManagerSetup,
+    ) -> anyhow::Result<Self> {
+        let bench = config.bench()?;
+        let audit = setup.audit_log()?;
+        let apiserver_args = audit
+            .as_ref()
+            .map(AuditLog::apiserver_args)
+            .unwrap_or_default();
+        let staged = world::stage(
+            &bench,
+            Provider::Tenantry,
+            false,
+            name,
+            apiserver_args,
+            sim_config(),
+        )
+        .await?;
+        let (args, kubeconfigs) = setup.prepare(&staged.control_plane, NAMESPACE).await?;
+        let running = Replicas::start(
+            bench.binaries.clone(),
+            &staged.control_plane,
+            setup.replicas,
+            args,
+            kubeconfigs,
+        )
+        .await?;
+        let world = staged.with_provider(running);
+        world::create_cluster(&world, CAPI_VERSION, false, &bench)
+            .await
+            .with_context(|| world.provider.log_tails(20))?;
+        Ok(Self {
+            world,
+            bench,
+            audit,
+        })
+    }
+}
+
+impl Lab for KubevirtLab {
+    fn control_plane(&self) -> &ControlPlane {
+        &self.world.control_plane
+    }
+
+    fn replicas(&mut self) -> &mut Replicas {
+        &mut self.world.provider
+    }
+
+    async fn start_again(&mut self, replica: usize) -> anyhow::Result<()> {
+        self.world
+            .provider
+            .start_again(&self.world.control_plane, replica)
+            .await
+    }
+
+    fn clones(&self) -> Option<usize> {
+        None
+    }
+
+    fn audit(&self) -> Option<&AuditLog> {
+        self.audit.as_ref()
+    }
+
+    async fn kill_and_restart(&mut self, replica: usize) -> anyhow::Result<Duration> {
+        self.world
+            .provider
+            .kill_and_restart(&self.world.control_plane, replica)
+            .await
+    }
+
+    fn tenantry_pids(&mut self) -> (Vec<u32>, bool) {
+        let alive = self.world.provider.all_alive();
+        (self.world.provider.pids(), alive)
+    }
+
+    async fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.world.control_plane.restart_apiserver().await?;
+        Ok(started.elapsed())
+    }
+
+    async fn create_machines(&self, machines: usize) -> anyhow::Result<()> {
+        let requested = Arc::new(Mutex::new(HashMap::new()));
+        world::create_machines(
+            &self.world,
+            CAPI_VERSION,
+            machines,
+            &machine_spec(),
+            &self.bench,
+            &requested,
+        )
+        .await
+    }
+
+    async fn delete_machines(&self) -> anyhow::Result<()> {
+        self.world
+            .api(&world::kubevirt_machines())
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .context("delete the KubevirtMachines")?;
+        Ok(())
+    }
+
+    async fn machines(&self) -> anyhow::Result<Vec<DynamicObject>> {
+        list(&self.world.api(&world::kubevirt_machines())).await
+    }
+
+    async fn count_provisioned(
+        &self,
+        expected: usize,
+        outcome: &mut Outcome,
+    ) -> anyhow::Result<()> {
+        let machines = self.machines().await?;
+        let machine_names = names(&machines);
+        outcome.exactly("machines", machines.len(), expected);
+        let provisioned = machines
+            .iter()
+            .filter(|m| crate::bench::infrastructure_provisioned(m))
+            .count();
+        outcome.exactly("machines provisioned", provisioned, expected);
+
+        // A VM is the machine's when it carries its name or its label.
+        let vms = list(&self.world.api(&world::virtual_machines())).await?;
+        outcome.count("VirtualMachines", vms.len());
+        let mut per_machine: BTreeMap<&str, usize> =
+            machine_names.iter().map(|n| (n.as_str(), 0)).collect();
+        let mut orphans = Vec::new();
+        for vm in &vms {
+            let name = vm.metadata.name.clone().unwrap_or_default();
+            let label = vm
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MACHINE_NAME_LABEL))
+                .cloned();
+            let owner = [Some(name.clone()), label]
+                .into_iter()
+                .flatten()
+                .find(|candidate| per_machine.contains_key(candidate.as_str()));
+            match owner.and_then(|o| per_machine.get_mut(o.as_str())) {
+                Some(count) => *count += 1,
+                None => orphans.push(name),
+            }
+        }
+        let missing: Vec<String> = per_machine
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(m, _)| m.to_string())
+            .collect();
+        let duplicated: Vec<String> = per_machine
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(m, n)| format!("{m} ({n} VMs)"))
+            .collect();
+        let one_each = per_machine.values().filter(|n| **n == 1).count();
+        outcome.exactly("machines with exactly one VM", one_each, expected);
+        outcome.zero("machines without a VM", missing.len(), || {
+            some_of(&missing, 5)
+        });
+        outcome.zero(
+            "duplicate VMs",
+            per_machine.values().map(|n| n.saturating_sub(1)).sum(),
+            || some_of(&duplicated, 5),
+        );
+        outcome.zero("orphaned VMs", orphans.len(), || some_of(&orphans, 5));
+
+        let instances = list(&self.world.api(&virtual_machine_instances())).await?;
+        outcome.exactly("VirtualMachineInstances", instances.len(), expected);
+        let mut phases = BTreeMap::<String, usize>::new();
+        for instance in &instances {
+            let phase = instance.data["status"]["phase"].as_str().unwrap_or("-");
+            let ready = instance.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let key = format!("{phase}{}", if ready { " (Ready)" } else { "" });
+            *phases.entry(key).or_default() += 1;
+        }
+        outcome.note(format!("VirtualMachineInstance phases: {phases:?}"));
+        if provisioned < expected {
+            outcome.note(format!(
+                "machines not provisioned say: {}",
+                lab::ready_reasons(&machines)
+            ));
+        }
+
+        let expected_volumes: Vec<String> =
+            machine_names.iter().map(|m| format!("{m}-data")).collect();
+        let volumes = names(&list(&self.world.api(&data_volumes())).await?);
+        outcome.exactly("DataVolumes", volumes.len(), expected);
+        let stray: Vec<String> = volumes
+            .iter()
+            .filter(|v| !expected_volumes.contains(v))
+            .cloned()
+            .collect();
+        outcome.zero("orphaned DataVolumes", stray.len(), || some_of(&stray, 5));
+
+        let secrets = self.userdata_secrets().await?;
+        outcome.exactly("userdata Secrets", secrets.len(), expected);
+        let stray: Vec<String> = secrets
+            .iter()
+            .filter(|s| {
+                !machine_names.iter().any(|m| {
+                    **s == tenantry_provider::kubevirt::machine::act::userdata_secret_name(m)
+                })
+            })
+            .cloned()
+            .collect();
+        outcome.zero("orphaned userdata Secrets", stray.len(), || {
+            some_of(&stray, 5)
+        });
+        Ok(())
+    }
+
+    async fn count_leftovers(&self, outcome: &mut Outcome) -> anyhow::Result<()> {
+        #[derive(Default)]
+        struct Left {
+            machines: Vec<String>,
+            finalized: usize,
+            vms: Vec<String>,
+            instances: Vec<String>,
+            volumes: Vec<String>,
+            claims: Vec<String>,
+            secrets: Vec<String>,
+        }
+        let settling = Instant::now();
+        let left = lab::settle(GRACE, || async {
+            let machines = self.machines().await?;
+            let left = Left {
+                finalized: machines
+                    .iter()
+                    .filter(|m| {
+                        m.metadata
+                            .finalizers
+                            .as_ref()
+                            .is_some_and(|f| f.iter().any(|f| f == KUBEVIRT_MACHINE_FINALIZER))
+                    })
+                    .count(),
+                machines: names(&machines),
+                vms: names(&list(&self.world.api(&world::virtual_machines())).await?),
+                instances: names(&list(&self.world.api(&virtual_machine_instances())).await?),
+                volumes: names(&list(&self.world.api(&data_volumes())).await?),
+                claims: Api::<PersistentVolumeClaim>::namespaced(
+                    self.world.client.clone(),
+                    NAMESPACE,
+                )
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|c| describe_claim(&c))
+                .collect(),
+                secrets: self.userdata_secrets().await?,
+            };
+            let clean = left.machines.is_empty()
+                && left.vms.is_empty()
+                && left.instances.is_empty()
+                && left.volumes.is_empty()
+                && left.claims.is_empty()
+                && left.secrets.is_empty();
+            Ok((left, clean))
+        })
+        .await?;
+        outcome.count(
+            "seconds until nothing was left",
+            format!("{:.0}", settling.elapsed().as_secs_f64()),
+        );
+        outcome.zero("machines left", left.machines.len(), || {
+            some_of(&left.machines, 5)
+        });
+        outcome.zero(
+            "machines still holding the finalizer",
+            left.finalized,
+            || some_of(&left.machines, 5),
+        );
+        outcome.zero("VirtualMachines left", left.vms.len(), || {
+            some_of(&left.vms, 5)
+        });
+        outcome.zero("VirtualMachineInstances left", left.instances.len(), || {
+            some_of(&left.instances, 5)
+        });
+        outcome.zero("DataVolumes left", left.volumes.len(), || {
+            some_of(&left.volumes, 5)
+        });
+        outcome.zero("PersistentVolumeClaims left", left.claims.len(), || {
+            some_of(&left.claims, 5)
+        });
+        outcome.zero("userdata Secrets left", left.secrets.len(), || {
+            some_of(&left.secrets, 5)
+        });
+        Ok(())
+    }
+
+    fn log_paths(&self) -> Vec<std::path::PathBuf> {
+        let mut paths = self.world.provider.log_paths();
+        paths.push(self.world.control_plane.dir().join("kube-apiserver.log"));
+        paths
+    }
+
+    fn log_tails(&self) -> String {
+        self.world.provider.log_tails(30)
+    }
+}
+
+/// A PersistentVolumeClaim's name, owner and whether it is being deleted
+/// (and by what it is held), for a failure message.
+fn describe_claim(claim: &PersistentVolumeClaim) -> String {
+    let meta = &claim.metadata;
+    let owners: Vec<String> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| format!("{} {}", o.kind, o.name))
+        .collect();
+    let deleting = match (&meta.deletion_timestamp, &meta.finalizers) {
+        (Some(_), Some(finalizers)) => format!(", deleting, held by {}", finalizers.join(" ")),
+        (Some(_), None) => ", deleting".to_string(),
+        (None, _) => String::new(),
+    };
+    format!(
+        "{} (owner {}{deleting})",
+        meta.name.clone().unwrap_or_default(),
+        if owners.is_empty() {
+            "none".to_string()
+        } else {
+            owners.join(", ")
+        }
+    )
+}
+
+impl KubevirtLab {
+    /// The Secrets tenantry wrote for machines (labelled with the machine's
+    /// name, as CAPK labels them).
+    async fn userdata_secrets(&self) -> anyhow::Result<Vec<String>> {
+        Ok(
+            Api::<Secret>::namespaced(self.world.client.clone(), NAMESPACE)
+                .list(&ListParams::default().labels(MACHINE_NAME_LABEL))
+                .await?
+                .items
+                .into_iter()
+                .map(|s| s.metadata.name.unwrap_or_default())
+                .collect(),
+        )
+    }
+}
