@@ -47,6 +47,8 @@ pub mod reason {
     pub const NODE_CAPACITY_UNKNOWN: &str = "NodeCapacityUnknown";
     pub const VMID_RANGE_EXHAUSTED: &str = "VMIDRangeExhausted";
     pub const STORAGE_OUTSIDE_POOL: &str = "StorageOutsidePool";
+    /// The PVE API did not answer, or answered "busy": retried with backoff.
+    pub const PROXMOX_UNAVAILABLE: &str = "ProxmoxUnavailable";
     pub const CLONING: &str = "Cloning";
     pub const CLONING_FAILED: &str = "CloningFailed";
     pub const VM_OUTSIDE_POOL: &str = "VMOutsidePool";

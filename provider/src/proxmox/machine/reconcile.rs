@@ -282,6 +282,31 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
+    /// A transient Proxmox error backs off without a condition of its own
+    /// step; until the machine is provisioned, `Ready` says that the PVE
+    /// API is what it waits for, so the backoff is not only in the logs. A
+    /// provisioned machine keeps its `Ready`: its VM runs whatever the API
+    /// answers for a moment. Written once per outage, not per failed try:
+    /// a status write triggers the next reconcile at once, which would
+    /// undo the backoff.
+    async fn report_backoff(&mut self, error: &Error) {
+        let Error::Proxmox(pve) = error else { return };
+        if !pve.is_transient()
+            || self.is_provisioned()
+            || self.previous_reason().as_deref() == Some(reason::PROXMOX_UNAVAILABLE)
+        {
+            return;
+        }
+        let wait = Wait {
+            reason: reason::PROXMOX_UNAVAILABLE.into(),
+            message: format!("Proxmox VE API: {pve}; retrying with backoff"),
+            delay: None,
+        };
+        if let Err(report) = self.report_wait(&wait).await {
+            tracing::debug!(error = %report, "could not report the Proxmox backoff");
+        }
+    }
+
     /// Drops the reserved VM ID and node. A merge patch, not an apply: the
     /// reservation may have been written by another field manager (an
     /// older manager, a restore), whose fields an apply cannot remove.
@@ -325,7 +350,10 @@ pub async fn apply(object: Arc<ProxmoxMachine>, ctx: &MachineContext) -> Result<
                 .delay
                 .map_or_else(Action::await_change, Action::requeue))
         }
-        Err(Halt::Error(error)) => Err(*error),
+        Err(Halt::Error(error)) => {
+            run.report_backoff(&error).await;
+            Err(*error)
+        }
     }
 }
 
