@@ -19,7 +19,17 @@ pub(super) const NAME: &str = "crash-storm";
 /// The quiet moment before each kill: long enough for a new process to get
 /// some work done, short enough for the kills to land within a wave.
 const BETWEEN_KILLS: std::ops::RangeInclusive<Duration> =
-    Duration::from_millis(200)..=Duration::from_millis(1500);
+    Duration::from_millis(100)..=Duration::from_millis(800);
+/// The moment after a kill point is reached and before the kill, so each
+/// new process starts some work before it dies.
+const AFTER_THRESHOLD: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(100)..=Duration::from_millis(500);
+/// How often the wave's progress is read while waiting for a kill point.
+const PROGRESS_POLL: Duration = Duration::from_millis(100);
+/// The longest a kill waits for its point: a restarted manager can finish
+/// dozens of machines at once, and a wave that outruns its kill points
+/// would end with kills unspent.
+const POINT_WAIT: Duration = Duration::from_millis(600);
 
 pub(super) async fn run(
     config: &ChaosConfig,
@@ -66,9 +76,14 @@ async fn storm_steps(
 
     let started = Instant::now();
     lab.create_machines(machines).await?;
-    let kills = kill_while(lab, rng, sizes.kills_provisioning, |p| {
-        p.provisioned >= machines
-    })
+    let kills = kill_while(
+        lab,
+        rng,
+        sizes.kills_provisioning,
+        machines,
+        sizes.converge_deadline,
+        |p| p.provisioned,
+    )
     .await?;
     kills.record(outcome, "provisioning", sizes.kills_provisioning, machines);
     match lab::wait_provisioned(lab, machines, sizes.converge_deadline).await {
@@ -82,7 +97,15 @@ async fn storm_steps(
 
     let started = Instant::now();
     lab.delete_machines().await?;
-    let kills = kill_while(lab, rng, sizes.kills_deleting, |p| p.machines == 0).await?;
+    let kills = kill_while(
+        lab,
+        rng,
+        sizes.kills_deleting,
+        machines,
+        sizes.converge_deadline,
+        |p| machines.saturating_sub(p.machines),
+    )
+    .await?;
     kills.record(outcome, "deletion", sizes.kills_deleting, machines);
     match lab::wait_deleted(lab, sizes.converge_deadline).await {
         Ok(_) => outcome.count(
@@ -124,29 +147,63 @@ impl Kills {
         outcome.note(format!("{wave} kills at: {}", moments.join(", ")));
         if self.at.len() < asked {
             outcome.note(format!(
-                "only {} of {asked} kills during {wave}: the wave was done before the rest",
+                "only {} of {asked} kills during {wave}: the wave was done (or past its deadline) before the rest",
                 self.at.len()
             ));
         }
     }
 }
 
-/// Kills tenantry (replica 0) up to `kills` times at random moments,
-/// restarting it right away each time, until `done` holds for the wave.
+/// Kills tenantry (replica 0) up to `kills` times, restarting it right away
+/// each time, while the wave runs. A third of the kills fall at random
+/// moments before any machine is done (clones, DataVolumes and seeds are
+/// made then); the rest wait (at most [`POINT_WAIT`]) for random points of
+/// the wave (`done` machines of `machines`), so kills are spread over all of
+/// it rather than all landing in its first seconds.
 async fn kill_while(
     lab: &mut impl Lab,
     rng: &mut StdRng,
     kills: usize,
-    done: impl Fn(&Progress) -> bool,
+    machines: usize,
+    deadline: Duration,
+    done: impl Fn(&Progress) -> usize,
 ) -> anyhow::Result<Kills> {
     let mut result = Kills {
         at: Vec::new(),
         slowest_restart: Duration::ZERO,
     };
-    for _ in 0..kills {
-        pause(rng, BETWEEN_KILLS).await;
+    let early = kills.div_ceil(3);
+    let mut points: Vec<usize> = (0..kills)
+        .map(|i| {
+            if i < early || machines < 2 {
+                0
+            } else {
+                rng.random_range(1..machines)
+            }
+        })
+        .collect();
+    points.sort_unstable();
+    let started = Instant::now();
+    for point in points {
+        if point == 0 {
+            pause(rng, BETWEEN_KILLS).await;
+        } else {
+            // A stalled wave is the caller's to report; stop killing.
+            let waiting = Instant::now();
+            loop {
+                let now = lab::progress(lab).await?;
+                if done(&now) >= point
+                    || waiting.elapsed() > POINT_WAIT
+                    || started.elapsed() > deadline
+                {
+                    break;
+                }
+                tokio::time::sleep(PROGRESS_POLL).await;
+            }
+            pause(rng, AFTER_THRESHOLD).await;
+        }
         let now = lab::progress(lab).await?;
-        if done(&now) {
+        if done(&now) >= machines || started.elapsed() > deadline {
             break;
         }
         let restart = lab.kill_and_restart(0).await?;
