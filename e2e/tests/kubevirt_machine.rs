@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -1042,6 +1043,127 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
             .is_none()
     );
     let _ = PostParams::default();
+}
+
+/// An infrastructure cluster that refuses a request (here its RBAC does not
+/// yet let tenantry write Secrets) makes the machine say so on Ready, naming
+/// the refusal, instead of backing off in silence; once the access is
+/// granted it provisions without a restart.
+#[tokio::test]
+async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_recovers() {
+    let world = World::start().await;
+    let infra = ControlPlane::start_with(ControlPlaneOptions {
+        name: "infra".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("start infrastructure cluster");
+    let _infra_sim = KubevirtSimulator::start(infra.client(), KubevirtSimConfig::fast())
+        .await
+        .expect("infra simulator");
+    create(
+        &infra.client(),
+        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "vms" } }),
+    )
+    .await;
+    // Everything tenantry needs in the infrastructure namespace but Secrets.
+    let rules_without_secrets = json!([
+        { "apiGroups": [""], "resources": ["services"], "verbs": ["*"] },
+        { "apiGroups": ["kubevirt.io"], "resources": ["virtualmachines", "virtualmachineinstances"], "verbs": ["*"] },
+        { "apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"], "verbs": ["*"] }
+    ]);
+    create(
+        &infra.client(),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": "tenantry", "namespace": "vms" },
+            "rules": rules_without_secrets
+        }),
+    )
+    .await;
+    create(
+        &infra.client(),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": "tenantry", "namespace": "vms" },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenantry" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenantry-infra" }]
+        }),
+    )
+    .await;
+    let kubeconfig = std::fs::read_to_string(
+        infra
+            .user_kubeconfig("tenantry-infra", &[])
+            .expect("infra user kubeconfig"),
+    )
+    .unwrap();
+    create(
+        &world.client(),
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "infra-kubeconfig", "namespace": NAMESPACE },
+            "stringData": { "kubeconfig": kubeconfig, "namespace": "vms" }
+        }),
+    )
+    .await;
+    world
+        .create_cluster("refusing", json!({ "infraClusterSecretRef": { "apiVersion": "v1", "kind": "Secret", "name": "infra-kubeconfig", "namespace": NAMESPACE } }))
+        .await;
+    world.wait_cluster_provisioned("refusing").await;
+    world
+        .create_worker(
+            "refusing",
+            "refusing-worker",
+            world.talos_machine_spec(TALOS_VERSION),
+        )
+        .await;
+
+    let machine = world
+        .wait_machine(
+            "refusing-worker",
+            "Ready=False naming the infrastructure cluster's refusal",
+            |machine| {
+                condition(machine, "Ready").is_some_and(|ready| {
+                    ready.status == "False" && ready.reason == "InfraClusterAPIError"
+                })
+            },
+        )
+        .await;
+    let ready = condition(&machine, "Ready").unwrap();
+    assert!(
+        ready.message.contains("forbidden") && ready.message.contains("secrets"),
+        "the message names what was refused: {}",
+        ready.message
+    );
+    assert!(!is_provisioned(&machine));
+
+    // Grant Secrets: the machine provisions on its own.
+    let mut rules = rules_without_secrets.as_array().unwrap().clone();
+    rules.push(json!({ "apiGroups": [""], "resources": ["secrets"], "verbs": ["*"] }));
+    Api::<Role>::namespaced(infra.client(), "vms")
+        .patch(
+            "tenantry",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": rules })),
+        )
+        .await
+        .expect("grant Secrets");
+    let machine = world
+        .wait_machine(
+            "refusing-worker",
+            "provisioned once Secrets are granted",
+            is_provisioned,
+        )
+        .await;
+    assert_eq!(condition(&machine, "Ready").unwrap().status, "True");
+    let infra_vms: Api<VirtualMachine> = Api::namespaced(infra.client(), "vms");
+    assert!(
+        infra_vms
+            .get_opt("refusing-worker")
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test]

@@ -35,6 +35,8 @@ pub mod reason {
     pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
     pub const BOOTSTRAP_DATA_SECRET_MISSING: &str = "BootstrapDataSecretNotFound";
     pub const INFRA_CLUSTER_UNAVAILABLE: &str = "InfraClusterUnavailable";
+    /// A request to the infrastructure cluster failed; retried with backoff.
+    pub const INFRA_CLUSTER_API_ERROR: &str = "InfraClusterAPIError";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const VM_CREATE_FAILED: &str = "VMCreateFailed";
     pub const WAITING_FOR_VM: &str = "WaitingForVirtualMachine";

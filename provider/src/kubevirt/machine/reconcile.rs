@@ -55,6 +55,10 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("infrastructure cluster: {0}")]
     InfraCluster(#[from] InfraClusterError),
+    /// A request to the infrastructure cluster's API failed (it may be
+    /// another cluster than the one the machine lives in).
+    #[error("infrastructure cluster API: {0}")]
+    InfraApi(#[source] kube::Error),
     #[error("waiting: {0}")]
     Waiting(String, Duration),
     #[error("finalizer: {0}")]
@@ -102,6 +106,16 @@ impl Report {
 }
 
 pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Result<Action, Error> {
+    let result = provision(machine.clone(), ctx).await;
+    if let Err(error) = &result
+        && !is_provisioned(&machine)
+    {
+        report_infra_backoff(ctx, &machine, error).await;
+    }
+    result
+}
+
+async fn provision(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Result<Action, Error> {
     let client = &ctx.base.client;
     let name = machine.metadata.name.clone().unwrap_or_default();
     let namespace = machine.metadata.namespace.clone().unwrap_or_default();
@@ -352,13 +366,20 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     };
     let labels = render::machine_labels(&name, &namespace, &placement);
     let vms = Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace);
-    let vm = match ctx.caches.vm(&infra, &name).await? {
+    let vm = match ctx
+        .caches
+        .vm(&infra, &name)
+        .await
+        .map_err(Error::InfraApi)?
+    {
         // The guest read its userdata at first boot; CAPI's bootstrap data
         // does not change once set, so the Secret is written only before
         // the VM exists.
         Some(vm) => vm,
         None => {
-            act::apply_userdata_secret(&machine, &infra, &labels, &userdata).await?;
+            act::apply_userdata_secret(&machine, &infra, &labels, &userdata)
+                .await
+                .map_err(Error::InfraApi)?;
             let desired = match render::desired_virtual_machine(&machine, &placement) {
                 Ok(desired) => desired,
                 Err(error) => {
@@ -418,20 +439,32 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
                     .await?;
                     return Ok(Action::requeue(Duration::from_secs(60)));
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(Error::InfraApi(error)),
             };
             // The create answer is the VM; only one made by someone else
             // (409) is read back.
             match created_vm {
                 Some(vm) => vm,
-                None => vms.get_opt(&name).await?.unwrap_or(desired),
+                None => vms
+                    .get_opt(&name)
+                    .await
+                    .map_err(Error::InfraApi)?
+                    .unwrap_or(desired),
             }
         }
     };
 
     // Observe the VM's instance and disks, decide what they mean.
-    let vmi = ctx.caches.vmi(&infra, &name).await?;
-    let data_volumes = ctx.caches.data_volumes(&infra, &name, &namespace).await?;
+    let vmi = ctx
+        .caches
+        .vmi(&infra, &name)
+        .await
+        .map_err(Error::InfraApi)?;
+    let data_volumes = ctx
+        .caches
+        .data_volumes(&infra, &name, &namespace)
+        .await
+        .map_err(Error::InfraApi)?;
     let VmState {
         condition: vm_condition,
         ready,
@@ -523,6 +556,14 @@ pub async fn apply(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
 /// without the Cluster or KubevirtCluster. A paused machine is left alone
 /// (clusterctl move pauses, then removes finalizers itself).
 pub async fn cleanup(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Result<Action, Error> {
+    let result = delete(machine.clone(), ctx).await;
+    if let Err(error) = &result {
+        report_infra_backoff(ctx, &machine, error).await;
+    }
+    result
+}
+
+async fn delete(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Result<Action, Error> {
     let client = &ctx.base.client;
     let name = machine.metadata.name.clone().unwrap_or_default();
     let namespace = machine.metadata.namespace.clone().unwrap_or_default();
@@ -576,7 +617,9 @@ pub async fn cleanup(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Res
             return Err(Error::Waiting(message, Duration::from_secs(30)));
         }
     };
-    let remains = act::delete_machine_objects(&machine, &infra, &ctx.caches).await?;
+    let remains = act::delete_machine_objects(&machine, &infra, &ctx.caches)
+        .await
+        .map_err(Error::InfraApi)?;
     if remains.is_empty() {
         tracing::info!(machine = %name, "VirtualMachine and its objects are gone; releasing the finalizer");
         return Ok(Action::await_change());
@@ -757,6 +800,34 @@ async fn report(
     };
     runtime::apply_status(api, machine, current.as_ref(), &status).await?;
     Ok(())
+}
+
+/// A failed request to the infrastructure cluster backs off silently in the
+/// controller; say so on the machine, once per outage (the reason is
+/// written only when it changes), so an operator sees why it does not
+/// progress. A provisioned machine keeps its Ready: a blip in the API says
+/// nothing about the VM, and a False Ready could start remediation.
+async fn report_infra_backoff(ctx: &MachineContext, machine: &KubevirtMachine, error: &Error) {
+    let Error::InfraApi(api_error) = error else {
+        return;
+    };
+    let previous =
+        conditions::get(current_conditions(machine), READY_CONDITION).map(|c| c.reason.as_str());
+    if previous == Some(reason::INFRA_CLUSTER_API_ERROR) {
+        return;
+    }
+    let mut outcome = Report::waiting(
+        reason::INFRA_CLUSTER_API_ERROR,
+        format!("infrastructure cluster API: {api_error}; retrying with backoff"),
+    );
+    outcome.provisioned = is_provisioned(machine);
+    let api: Api<KubevirtMachine> = Api::namespaced(
+        ctx.base.client.clone(),
+        machine.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    if let Err(report_error) = report(&api, machine, outcome).await {
+        tracing::debug!(error = %report_error, "could not report the infrastructure cluster backoff");
+    }
 }
 
 async fn report_paused(
