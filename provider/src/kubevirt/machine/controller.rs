@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -61,6 +61,7 @@ pub async fn run(base: Arc<Context>) {
     let (kubevirt_clusters, kubevirt_cluster_writer) = reflector::store();
     let vm_stream = watcher(config.api::<VirtualMachine>(&client), labelled.clone())
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(vm_writer)
         .touched_objects();
     let vmi_stream = watcher(
@@ -68,18 +69,22 @@ pub async fn run(base: Arc<Context>) {
         labelled.clone(),
     )
     .backoff(crate::runtime::watch_backoff())
+    .modify(crate::runtime::slim_for_cache)
     .reflect(vmi_writer)
     .touched_objects();
     let dv_stream = watcher(config.api::<DataVolume>(&client), labelled)
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(dv_writer)
         .touched_objects();
     let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(machine_writer)
         .touched_objects();
     let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(cluster_writer)
         .touched_objects();
     let kubevirt_cluster_stream = watcher(
@@ -87,6 +92,7 @@ pub async fn run(base: Arc<Context>) {
         config.watcher_config(),
     )
     .backoff(crate::runtime::watch_backoff())
+    .modify(crate::runtime::slim_for_cache)
     .reflect(kubevirt_cluster_writer)
     .touched_objects();
     let ctx = Arc::new(MachineContext {
@@ -104,8 +110,7 @@ pub async fn run(base: Arc<Context>) {
             watched_namespace: config.namespace.clone(),
         },
     });
-    let controller = Controller::new(machines, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff());
+    let controller = crate::runtime::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     controller
         // A VM's start is a burst of VMI and VM status changes; one

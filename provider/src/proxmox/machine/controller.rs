@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -57,8 +57,7 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let machines: Api<ProxmoxMachine> = config.api(&client);
-    let controller = Controller::new(machines, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff());
+    let controller = crate::runtime::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     // Each watch feeds a store (read by reconciles, see cache.rs) and
     // triggers reconciles of the machines it concerns.
@@ -72,10 +71,12 @@ pub async fn run(base: Arc<Context>) {
     let (addresses, address_writer) = reflector::store();
     let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(machine_writer)
         .touched_objects();
     let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(cluster_writer)
         .touched_objects();
     let proxmox_cluster_stream = watcher(
@@ -83,10 +84,12 @@ pub async fn run(base: Arc<Context>) {
         config.watcher_config(),
     )
     .backoff(crate::runtime::watch_backoff())
+    .modify(crate::runtime::slim_for_cache)
     .reflect(proxmox_cluster_writer)
     .touched_objects();
     let claim_stream = watcher(config.api::<IpAddressClaim>(&client), labelled)
         .backoff(crate::runtime::watch_backoff())
+        .modify(crate::runtime::slim_for_cache)
         .reflect(claim_writer)
         .touched_objects();
     // IPAddresses carry the IPAM provider's labels, not ours: all of the
@@ -96,6 +99,7 @@ pub async fn run(base: Arc<Context>) {
         crate::runtime::watch_config().any_semantic(),
     )
     .backoff(crate::runtime::watch_backoff())
+    .modify(crate::runtime::slim_for_cache)
     .reflect(address_writer)
     .touched_objects();
     let ctx = Arc::new(MachineContext {
