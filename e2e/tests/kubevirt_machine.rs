@@ -950,20 +950,23 @@ async fn externally_managed_cluster_is_seen_as_provisioned_under_the_v1beta2_con
     assert!(status.conditions.is_none());
 }
 
-#[tokio::test]
-async fn vms_run_in_an_external_infrastructure_cluster() {
-    let world = World::start().await;
-    // The infrastructure cluster: a second control plane with its own KubeVirt.
+/// The infrastructure cluster: a second control plane with its own KubeVirt.
+async fn start_infra_cluster() -> (ControlPlane, KubevirtSimulator) {
     let infra = ControlPlane::start_with(ControlPlaneOptions {
         name: "infra".into(),
         ..Default::default()
     })
     .await
     .expect("start infrastructure cluster");
-    let _infra_sim = KubevirtSimulator::start(infra.client(), KubevirtSimConfig::fast())
+    let sim = KubevirtSimulator::start(infra.client(), KubevirtSimConfig::fast())
         .await
         .expect("infra simulator");
-    let kubeconfig = std::fs::read_to_string(infra.kubeconfig_path()).unwrap();
+    (infra, sim)
+}
+
+/// The Secret `infraClusterSecretRef` names: a kubeconfig of the
+/// infrastructure cluster, VMs in its namespace `vms`.
+async fn create_infra_kubeconfig_secret(world: &World, kubeconfig: &str) {
     create(
         &world.client(),
         json!({
@@ -973,6 +976,14 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
         }),
     )
     .await;
+}
+
+#[tokio::test]
+async fn vms_run_in_an_external_infrastructure_cluster() {
+    let world = World::start().await;
+    let (infra, _infra_sim) = start_infra_cluster().await;
+    let kubeconfig = std::fs::read_to_string(infra.kubeconfig_path()).unwrap();
+    create_infra_kubeconfig_secret(&world, &kubeconfig).await;
     create(
         &infra.client(),
         json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "vms" } }),
@@ -1052,15 +1063,7 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
 #[tokio::test]
 async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_recovers() {
     let world = World::start().await;
-    let infra = ControlPlane::start_with(ControlPlaneOptions {
-        name: "infra".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start infrastructure cluster");
-    let _infra_sim = KubevirtSimulator::start(infra.client(), KubevirtSimConfig::fast())
-        .await
-        .expect("infra simulator");
+    let (infra, _infra_sim) = start_infra_cluster().await;
     create(
         &infra.client(),
         json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "vms" } }),
@@ -1097,15 +1100,7 @@ async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_reco
             .expect("infra user kubeconfig"),
     )
     .unwrap();
-    create(
-        &world.client(),
-        json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": "infra-kubeconfig", "namespace": NAMESPACE },
-            "stringData": { "kubeconfig": kubeconfig, "namespace": "vms" }
-        }),
-    )
-    .await;
+    create_infra_kubeconfig_secret(&world, &kubeconfig).await;
     world
         .create_cluster("refusing", json!({ "infraClusterSecretRef": { "apiVersion": "v1", "kind": "Secret", "name": "infra-kubeconfig", "namespace": NAMESPACE } }))
         .await;

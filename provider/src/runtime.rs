@@ -92,18 +92,12 @@ pub fn trigger_backoff()
 /// [`slim_for_cache`]: [`Controller::new`] with one step more. At hundreds
 /// of machines the machine kinds' stores are most of the manager's memory.
 pub fn slim_controller<K>(
-    api: kube::Api<K>,
+    api: Api<K>,
     config: kube::runtime::watcher::Config,
 ) -> kube::runtime::Controller<K>
 where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + std::fmt::Debug + Unpin,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Debug + Unpin,
 {
     use kube::runtime::{WatchStreamExt, reflector, watcher};
     let (reader, writer) = reflector::store();
