@@ -108,6 +108,26 @@ where
     kube::runtime::Controller::for_stream(trigger, reader).trigger_backoff(trigger_backoff())
 }
 
+/// One watch feeding a cache store: backs off by [`watch_backoff`], keeps
+/// objects slimmed by [`slim_for_cache`], and yields each object it
+/// touched (to map to the reconciles it concerns).
+pub fn cache_watch<K>(
+    api: Api<K>,
+    config: kube::runtime::watcher::Config,
+    writer: kube::runtime::reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    use kube::runtime::{WatchStreamExt, watcher};
+    watcher(api, config)
+        .backoff(watch_backoff())
+        .modify(slim_for_cache)
+        .reflect(writer)
+        .touched_objects()
+}
+
 /// A watcher configuration with tenantry's watch timeout.
 pub fn watch_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)

@@ -8,7 +8,6 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt as _, watcher};
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
@@ -59,42 +58,33 @@ pub async fn run(base: Arc<Context>) {
     let (owner_machines, machine_writer) = reflector::store();
     let (clusters, cluster_writer) = reflector::store();
     let (kubevirt_clusters, kubevirt_cluster_writer) = reflector::store();
-    let vm_stream = watcher(config.api::<VirtualMachine>(&client), labelled.clone())
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(vm_writer)
-        .touched_objects();
-    let vmi_stream = watcher(
+    let vm_stream = crate::runtime::cache_watch(
+        config.api::<VirtualMachine>(&client),
+        labelled.clone(),
+        vm_writer,
+    );
+    let vmi_stream = crate::runtime::cache_watch(
         config.api::<VirtualMachineInstance>(&client),
         labelled.clone(),
-    )
-    .backoff(crate::runtime::watch_backoff())
-    .modify(crate::runtime::slim_for_cache)
-    .reflect(vmi_writer)
-    .touched_objects();
-    let dv_stream = watcher(config.api::<DataVolume>(&client), labelled)
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(dv_writer)
-        .touched_objects();
-    let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(machine_writer)
-        .touched_objects();
-    let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(cluster_writer)
-        .touched_objects();
-    let kubevirt_cluster_stream = watcher(
+        vmi_writer,
+    );
+    let dv_stream =
+        crate::runtime::cache_watch(config.api::<DataVolume>(&client), labelled, dv_writer);
+    let machine_stream = crate::runtime::cache_watch(
+        config.api::<Machine>(&client),
+        config.watcher_config(),
+        machine_writer,
+    );
+    let cluster_stream = crate::runtime::cache_watch(
+        config.api::<Cluster>(&client),
+        config.watcher_config(),
+        cluster_writer,
+    );
+    let kubevirt_cluster_stream = crate::runtime::cache_watch(
         config.api::<KubevirtCluster>(&client),
         config.watcher_config(),
-    )
-    .backoff(crate::runtime::watch_backoff())
-    .modify(crate::runtime::slim_for_cache)
-    .reflect(kubevirt_cluster_writer)
-    .touched_objects();
+        kubevirt_cluster_writer,
+    );
     let ctx = Arc::new(MachineContext {
         base,
         infra: InfraClients::default(),

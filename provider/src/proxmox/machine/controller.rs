@@ -8,7 +8,6 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
 use tenantry_api::generated::capi::ip_address::IpAddress;
 use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
 use tenantry_api::proxmox::{PROXMOX_MACHINE_FINALIZER, ProxmoxCluster, ProxmoxMachine};
@@ -69,39 +68,33 @@ pub async fn run(base: Arc<Context>) {
     let (proxmox_clusters, proxmox_cluster_writer) = reflector::store();
     let (claims, claim_writer) = reflector::store();
     let (addresses, address_writer) = reflector::store();
-    let machine_stream = watcher(config.api::<Machine>(&client), config.watcher_config())
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(machine_writer)
-        .touched_objects();
-    let cluster_stream = watcher(config.api::<Cluster>(&client), config.watcher_config())
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(cluster_writer)
-        .touched_objects();
-    let proxmox_cluster_stream = watcher(
+    let machine_stream = crate::runtime::cache_watch(
+        config.api::<Machine>(&client),
+        config.watcher_config(),
+        machine_writer,
+    );
+    let cluster_stream = crate::runtime::cache_watch(
+        config.api::<Cluster>(&client),
+        config.watcher_config(),
+        cluster_writer,
+    );
+    let proxmox_cluster_stream = crate::runtime::cache_watch(
         config.api::<ProxmoxCluster>(&client),
         config.watcher_config(),
-    )
-    .backoff(crate::runtime::watch_backoff())
-    .modify(crate::runtime::slim_for_cache)
-    .reflect(proxmox_cluster_writer)
-    .touched_objects();
-    let claim_stream = watcher(config.api::<IpAddressClaim>(&client), labelled)
-        .backoff(crate::runtime::watch_backoff())
-        .modify(crate::runtime::slim_for_cache)
-        .reflect(claim_writer)
-        .touched_objects();
+        proxmox_cluster_writer,
+    );
+    let claim_stream = crate::runtime::cache_watch(
+        config.api::<IpAddressClaim>(&client),
+        labelled,
+        claim_writer,
+    );
     // IPAddresses carry the IPAM provider's labels, not ours: all of the
     // watched namespace(s). Read only; their claims' changes wake machines.
-    let address_stream = watcher(
+    let address_stream = crate::runtime::cache_watch(
         config.api::<IpAddress>(&client),
         crate::runtime::watch_config().any_semantic(),
-    )
-    .backoff(crate::runtime::watch_backoff())
-    .modify(crate::runtime::slim_for_cache)
-    .reflect(address_writer)
-    .touched_objects();
+        address_writer,
+    );
     let ctx = Arc::new(MachineContext {
         base,
         clients: ClientCache::default(),
