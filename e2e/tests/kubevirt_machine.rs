@@ -1250,6 +1250,19 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
         machine.spec.provider_id.as_deref(),
         Some("kubevirt://demo-kubeadm")
     );
+    // The VM records the data's format, which keeps the check on ssh
+    // without reading the bootstrap-data Secret once the VM exists.
+    let vm = world
+        .api::<VirtualMachine>()
+        .get("demo-kubeadm")
+        .await
+        .expect("the VirtualMachine");
+    assert_eq!(
+        vm.annotations()
+            .get("infrastructure.tenantry.dev/bootstrap-format")
+            .map(String::as_str),
+        Some("cloud-config")
+    );
     let guest_log = world.sim.guest_log(NAMESPACE, "demo-kubeadm").join("\n");
     assert!(
         guest_log.contains("sshd: Accepted publickey for capk"),

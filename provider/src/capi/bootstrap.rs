@@ -34,6 +34,28 @@ pub enum BootstrapFormat {
     Other,
 }
 
+impl BootstrapFormat {
+    /// The format's name, as written where it is remembered (a VM annotation).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootstrapFormat::CloudConfig => "cloud-config",
+            BootstrapFormat::TalosConfig => "talos",
+            BootstrapFormat::Other => "other",
+        }
+    }
+
+    /// The format [`as_str`](Self::as_str) names; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            BootstrapFormat::CloudConfig,
+            BootstrapFormat::TalosConfig,
+            BootstrapFormat::Other,
+        ]
+        .into_iter()
+        .find(|format| format.as_str() == name)
+    }
+}
+
 impl BootstrapData {
     pub fn new(bytes: Vec<u8>) -> Self {
         Self(bytes)
@@ -100,6 +122,18 @@ pub async fn read(client: &kube::Client, machine: &Machine) -> kube::Result<Boot
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_names_round_trip() {
+        for format in [
+            BootstrapFormat::CloudConfig,
+            BootstrapFormat::TalosConfig,
+            BootstrapFormat::Other,
+        ] {
+            assert_eq!(BootstrapFormat::parse(format.as_str()), Some(format));
+        }
+        assert_eq!(BootstrapFormat::parse("Cloud-Config"), None);
+    }
 
     #[test]
     fn formats_are_recognised() {

@@ -13,12 +13,18 @@ use tenantry_api::contract::CLUSTER_NAME_LABEL;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::kubevirt::{KubevirtMachine, TalosBootDisk};
 
+use crate::capi::bootstrap::BootstrapFormat;
+
 /// Label on the VM, VMI and DataVolumes naming the KubevirtMachine (CAPK's key).
 pub const MACHINE_NAME_LABEL: &str = "capk.cluster.x-k8s.io/kubevirt-machine-name";
 /// Label naming the KubevirtMachine's namespace (CAPK's key).
 pub const MACHINE_NAMESPACE_LABEL: &str = "capk.cluster.x-k8s.io/kubevirt-machine-namespace";
 /// Label CAPI's conventions use for the machine's role.
 pub const ROLE_LABEL: &str = "cluster.x-k8s.io/role";
+/// Annotation on the VM recording the bootstrap data's format (which picks
+/// the bootstrap check), so that the bootstrap-data Secret need not be read
+/// again once the VM exists.
+pub const BOOTSTRAP_FORMAT_ANNOTATION: &str = "infrastructure.tenantry.dev/bootstrap-format";
 /// The volume and disk carrying the bootstrap data as a config drive.
 pub const CLOUD_INIT_VOLUME: &str = "cloudinitvolume";
 /// The DataVolume template, volume and disk the Talos `bootDisk` renders.
@@ -51,6 +57,8 @@ pub struct VmPlacement<'a> {
     pub namespace: &'a str,
     /// The Secret holding the bootstrap data as `userdata`.
     pub userdata_secret: &'a str,
+    /// The bootstrap data's format, recorded on the VM.
+    pub bootstrap_format: BootstrapFormat,
 }
 
 /// Why a KubevirtMachine's spec cannot become a VirtualMachine. Each names
@@ -143,10 +151,15 @@ pub fn desired_virtual_machine(
         .and_then(|m| m.labels.clone())
         .unwrap_or_default();
     vm_labels.extend(labels);
-    let annotations = template
+    let mut annotations = template
         .metadata
         .as_ref()
-        .and_then(|m| m.annotations.clone());
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    annotations.insert(
+        BOOTSTRAP_FORMAT_ANNOTATION.to_string(),
+        placement.bootstrap_format.as_str().to_string(),
+    );
     let vm = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -154,11 +167,21 @@ pub fn desired_virtual_machine(
             "name": name,
             "namespace": placement.namespace,
             "labels": vm_labels,
-            "annotations": annotations.unwrap_or_default(),
+            "annotations": annotations,
         },
         "spec": spec,
     });
     serde_json::from_value(vm).map_err(|e| RenderError::Schema(e.to_string()))
+}
+
+/// The bootstrap format recorded on a VM tenantry created; `None` for a VM
+/// without the annotation (made by an older tenantry, or by CAPK).
+pub fn bootstrap_format_of(vm: &VirtualMachine) -> Option<BootstrapFormat> {
+    vm.metadata
+        .annotations
+        .as_ref()?
+        .get(BOOTSTRAP_FORMAT_ANNOTATION)
+        .and_then(|name| BootstrapFormat::parse(name))
 }
 
 /// Adds the DataVolume template importing the Talos image, and the virtio
@@ -342,6 +365,7 @@ mod tests {
             role: MachineRole::Worker,
             namespace: "tenant-a",
             userdata_secret: "demo-md-0-abc-userdata",
+            bootstrap_format: BootstrapFormat::TalosConfig,
         }
     }
 
@@ -426,6 +450,21 @@ mod tests {
         assert_eq!(vm["metadata"]["name"], "demo-md-0-abc");
         assert_eq!(vm["metadata"]["namespace"], "tenant-a");
         assert_eq!(vm["spec"]["runStrategy"], "Always");
+    }
+
+    #[test]
+    fn the_vm_remembers_the_bootstrap_format_next_to_the_templates_annotations() {
+        let mut spec = capk_talos_spec();
+        spec["virtualMachineTemplate"]["metadata"] =
+            json!({ "annotations": { "team": "storage" } });
+        let vm = desired_virtual_machine(&machine(spec), &placement()).unwrap();
+        assert_eq!(bootstrap_format_of(&vm), Some(BootstrapFormat::TalosConfig));
+        let annotations = vm.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations["team"], "storage");
+
+        let mut unrecorded = vm.clone();
+        unrecorded.metadata.annotations = None;
+        assert_eq!(bootstrap_format_of(&unrecorded), None);
     }
 
     #[test]

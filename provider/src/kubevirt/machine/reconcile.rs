@@ -15,7 +15,9 @@ use tenantry_api::contract::{
 };
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
-use tenantry_api::kubevirt::{KubevirtCluster, KubevirtMachine, KubevirtMachineStatus};
+use tenantry_api::kubevirt::{
+    BootstrapCheckStrategy, KubevirtCluster, KubevirtMachine, KubevirtMachineStatus,
+};
 
 use super::act::{self, userdata_secret_name};
 use super::cloud_config;
@@ -23,10 +25,11 @@ use super::controller::MachineContext;
 use super::decide::{
     self, BOOTSTRAP_EXEC_SUCCEEDED, BootstrapCheck, VM_PROVISIONED, VmState, reason,
 };
-use crate::capi::bootstrap::{self, BootstrapState};
+use crate::capi::bootstrap::{self, BootstrapData, BootstrapFormat, BootstrapState};
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::owner;
 use crate::capi::pause;
+use crate::capi::{Cluster, Machine};
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::kubevirt::render::{self, MachineRole, VmPlacement};
 use crate::kubevirt::ssh::{self, SshKeyPair};
@@ -194,7 +197,8 @@ async fn provision(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         return Ok(Action::requeue(RESYNC));
     }
 
-    // Observe: bootstrap data.
+    // Observe: whether the Machine names its bootstrap data yet. The data
+    // itself is read below, only when the VM needs it.
     let role = if machine
         .metadata
         .labels
@@ -210,43 +214,11 @@ async fn provision(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
     } else {
         MachineRole::Worker
     };
-    let data = match bootstrap::read(client, &owner_machine).await? {
-        BootstrapState::Ready(data) => data,
-        BootstrapState::NotReady => {
-            let waiting = if role == MachineRole::Worker
-                && !owner::control_plane_initialized(&cluster)
-            {
-                Report::waiting(
-                    reason::WAITING_FOR_CONTROL_PLANE,
-                    format!(
-                        "workers wait for Cluster {cluster_name}'s control plane to be initialized"
-                    ),
-                )
-            } else {
-                Report::waiting(
-                    reason::WAITING_FOR_BOOTSTRAP_DATA,
-                    format!(
-                        "Machine {} has no bootstrap data yet (spec.bootstrap.dataSecretName)",
-                        owner_machine.metadata.name.as_deref().unwrap_or_default()
-                    ),
-                )
-            };
-            report(&api, &machine, waiting).await?;
-            return Ok(Action::requeue(RESYNC));
-        }
-        BootstrapState::SecretMissing(secret) | BootstrapState::KeyMissing(secret) => {
-            report(
-                &api,
-                &machine,
-                Report::waiting(
-                    reason::BOOTSTRAP_DATA_SECRET_MISSING,
-                    format!("bootstrap data Secret {namespace}/{secret} is missing or has no 'value' key"),
-                ),
-            )
-            .await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
-        }
-    };
+    if owner_machine.spec.bootstrap.data_secret_name.is_none() {
+        let waiting = waiting_for_bootstrap_data(role, &cluster, &owner_machine);
+        report(&api, &machine, waiting).await?;
+        return Ok(Action::requeue(RESYNC));
+    }
 
     // Observe: the infrastructure cluster. The machine's own reference wins;
     // the cluster's is copied onto the machine so deletion works later even
@@ -301,14 +273,57 @@ async fn provision(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         .await?;
     }
 
-    // Observe: the cluster's SSH keys, when the bootstrap check logs in.
+    // Observe: the VM.
+    let vms = Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace);
+    let existing_vm = ctx
+        .caches
+        .vm(&infra, &name)
+        .await
+        .map_err(Error::InfraApi)?;
+
+    // Observe: the bootstrap data. The guest reads its userdata at first
+    // boot and CAPI's bootstrap data does not change once set, so once the
+    // VM exists only the data's format matters (it picks the bootstrap
+    // check), and the VM records it: the Secret is read only before the VM
+    // is created, or for a VM without the record when the check needs it.
     let strategy = machine
         .spec
         .virtual_machine_bootstrap_check
         .as_ref()
         .and_then(|c| c.check_strategy)
         .unwrap_or_default();
-    let check = decide::bootstrap_check(strategy, data.format(), kubevirt_cluster.as_ref());
+    let (format, vm_or_data) = match existing_vm {
+        Some(vm) => {
+            let format = match render::bootstrap_format_of(&vm) {
+                Some(format) => format,
+                // `none` does not look at the format.
+                None if strategy == BootstrapCheckStrategy::None => BootstrapFormat::Other,
+                None => match read_bootstrap_data(
+                    client,
+                    &api,
+                    &machine,
+                    &owner_machine,
+                    role,
+                    &cluster,
+                )
+                .await?
+                {
+                    Ok(data) => data.format(),
+                    Err(action) => return Ok(action),
+                },
+            };
+            (format, VmOrData::Exists(Box::new(vm)))
+        }
+        None => match read_bootstrap_data(client, &api, &machine, &owner_machine, role, &cluster)
+            .await?
+        {
+            Ok(data) => (data.format(), VmOrData::ToCreate(data)),
+            Err(action) => return Ok(action),
+        },
+    };
+
+    // Observe: the cluster's SSH keys, when the bootstrap check logs in.
+    let check = decide::bootstrap_check(strategy, format, kubevirt_cluster.as_ref());
     let ssh_keys = match (&check, &kubevirt_cluster) {
         (BootstrapCheck::Ssh, Some(kubevirt_cluster)) => {
             match read_ssh_keys(client, kubevirt_cluster).await? {
@@ -322,40 +337,6 @@ async fn provision(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         _ => None,
     };
 
-    // Decide: the user data, with user `capk` for the ssh check (CAPK
-    // injects into cloud-config only; everything else passes untouched).
-    let userdata = match &ssh_keys {
-        Some(keys) => match cloud_config::with_capk_user(data.as_bytes(), keys.authorized_key()) {
-            Ok(userdata) => userdata,
-            Err(error) => {
-                let message = format!(
-                    "{error}: user {} cannot be added for the ssh bootstrap check; fix the bootstrap configuration or set spec.virtualMachineBootstrapCheck.checkStrategy to none",
-                    ssh::SSH_USER
-                );
-                let previous = conditions::get(current_conditions(&machine), READY_CONDITION)
-                    .map(|c| c.reason.clone());
-                if previous.as_deref() != Some(reason::INVALID_BOOTSTRAP_DATA) {
-                    ctx.base
-                        .event(
-                            machine.as_ref(),
-                            EventType::Warning,
-                            reason::INVALID_BOOTSTRAP_DATA,
-                            message.clone(),
-                        )
-                        .await;
-                }
-                report(
-                    &api,
-                    &machine,
-                    Report::waiting(reason::INVALID_BOOTSTRAP_DATA, message),
-                )
-                .await?;
-                return Ok(Action::requeue(Duration::from_secs(60)));
-            }
-        },
-        None => data.as_bytes().to_vec(),
-    };
-
     // Act: userdata Secret, then the VM.
     let placement_userdata = userdata_secret_name(&name);
     let placement = VmPlacement {
@@ -363,20 +344,48 @@ async fn provision(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Resul
         role,
         namespace: &infra.namespace,
         userdata_secret: &placement_userdata,
+        bootstrap_format: format,
     };
-    let labels = render::machine_labels(&name, &namespace, &placement);
-    let vms = Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace);
-    let vm = match ctx
-        .caches
-        .vm(&infra, &name)
-        .await
-        .map_err(Error::InfraApi)?
-    {
-        // The guest read its userdata at first boot; CAPI's bootstrap data
-        // does not change once set, so the Secret is written only before
-        // the VM exists.
-        Some(vm) => vm,
-        None => {
+    let vm = match vm_or_data {
+        VmOrData::Exists(vm) => *vm,
+        VmOrData::ToCreate(data) => {
+            // Decide: the user data, with user `capk` for the ssh check (CAPK
+            // injects into cloud-config only; everything else passes untouched).
+            let userdata = match &ssh_keys {
+                Some(keys) => {
+                    match cloud_config::with_capk_user(data.as_bytes(), keys.authorized_key()) {
+                        Ok(userdata) => userdata,
+                        Err(error) => {
+                            let message = format!(
+                                "{error}: user {} cannot be added for the ssh bootstrap check; fix the bootstrap configuration or set spec.virtualMachineBootstrapCheck.checkStrategy to none",
+                                ssh::SSH_USER
+                            );
+                            let previous =
+                                conditions::get(current_conditions(&machine), READY_CONDITION)
+                                    .map(|c| c.reason.clone());
+                            if previous.as_deref() != Some(reason::INVALID_BOOTSTRAP_DATA) {
+                                ctx.base
+                                    .event(
+                                        machine.as_ref(),
+                                        EventType::Warning,
+                                        reason::INVALID_BOOTSTRAP_DATA,
+                                        message.clone(),
+                                    )
+                                    .await;
+                            }
+                            report(
+                                &api,
+                                &machine,
+                                Report::waiting(reason::INVALID_BOOTSTRAP_DATA, message),
+                            )
+                            .await?;
+                            return Ok(Action::requeue(Duration::from_secs(60)));
+                        }
+                    }
+                }
+                None => data.as_bytes().to_vec(),
+            };
+            let labels = render::machine_labels(&name, &namespace, &placement);
             act::apply_userdata_secret(&machine, &infra, &labels, &userdata)
                 .await
                 .map_err(Error::InfraApi)?;
@@ -629,6 +638,77 @@ async fn delete(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Result<A
     deleting.provisioned = is_provisioned(&machine);
     report(&api, &machine, deleting).await?;
     Err(Error::Waiting(message, DELETION_POLL))
+}
+
+/// The VM a reconcile works on: the one that exists, or the bootstrap data
+/// to create it with.
+enum VmOrData {
+    Exists(Box<VirtualMachine>),
+    ToCreate(BootstrapData),
+}
+
+/// What a machine waits for while its Machine names no bootstrap data:
+/// a worker first waits for its control plane, as CAPI's bootstrap
+/// providers do.
+fn waiting_for_bootstrap_data(
+    role: MachineRole,
+    cluster: &Cluster,
+    owner_machine: &Machine,
+) -> Report {
+    let cluster_name = cluster.metadata.name.as_deref().unwrap_or_default();
+    if role == MachineRole::Worker && !owner::control_plane_initialized(cluster) {
+        Report::waiting(
+            reason::WAITING_FOR_CONTROL_PLANE,
+            format!("workers wait for Cluster {cluster_name}'s control plane to be initialized"),
+        )
+    } else {
+        Report::waiting(
+            reason::WAITING_FOR_BOOTSTRAP_DATA,
+            format!(
+                "Machine {} has no bootstrap data yet (spec.bootstrap.dataSecretName)",
+                owner_machine.metadata.name.as_deref().unwrap_or_default()
+            ),
+        )
+    }
+}
+
+/// Reads the owner Machine's bootstrap data; `Err` is what to do after
+/// reporting why there is none.
+async fn read_bootstrap_data(
+    client: &kube::Client,
+    api: &Api<KubevirtMachine>,
+    machine: &KubevirtMachine,
+    owner_machine: &Machine,
+    role: MachineRole,
+    cluster: &Cluster,
+) -> Result<Result<BootstrapData, Action>, Error> {
+    match bootstrap::read(client, owner_machine).await? {
+        BootstrapState::Ready(data) => Ok(Ok(data)),
+        BootstrapState::NotReady => {
+            let waiting = waiting_for_bootstrap_data(role, cluster, owner_machine);
+            report(api, machine, waiting).await?;
+            Ok(Err(Action::requeue(RESYNC)))
+        }
+        BootstrapState::SecretMissing(secret) | BootstrapState::KeyMissing(secret) => {
+            let namespace = owner_machine
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or_default();
+            report(
+                api,
+                machine,
+                Report::waiting(
+                    reason::BOOTSTRAP_DATA_SECRET_MISSING,
+                    format!(
+                        "bootstrap data Secret {namespace}/{secret} is missing or has no 'value' key"
+                    ),
+                ),
+            )
+            .await?;
+            Ok(Err(Action::requeue(Duration::from_secs(30))))
+        }
+    }
 }
 
 /// Reads the cluster's SSH key pair from the Secret its KubevirtCluster
