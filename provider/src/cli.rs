@@ -75,6 +75,9 @@ struct RunArgs {
     /// super-admin.conf for a manager running outside it.
     #[arg(long, default_value = "super-admin.svc")]
     tenant_kubeconfig_key: String,
+    /// How many objects each controller reconciles at once (0: no limit).
+    #[arg(long, default_value_t = crate::runtime::DEFAULT_MAX_CONCURRENT_RECONCILES, env = "TENANTRY_MAX_CONCURRENT_RECONCILES")]
+    max_concurrent_reconciles: u16,
     /// Run the controllers only while holding a Lease, so that several
     /// replicas can run (webhooks are served by all).
     #[arg(long)]
@@ -142,6 +145,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
             cert_dir: args.webhook_cert_dir,
         }),
         tenant_kubeconfig_key: Some(args.tenant_kubeconfig_key),
+        max_concurrent_reconciles: Some(args.max_concurrent_reconciles),
     };
     let health = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))

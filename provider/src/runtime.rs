@@ -150,7 +150,17 @@ pub struct ManagerConfig {
     /// Service, resolvable inside the management cluster) when unset. A
     /// manager running outside the cluster uses `super-admin.conf`.
     pub tenant_kubeconfig_key: Option<String>,
+    /// How many objects one controller reconciles at once;
+    /// [`DEFAULT_MAX_CONCURRENT_RECONCILES`] when unset, unbounded at 0.
+    pub max_concurrent_reconciles: Option<u16>,
 }
+
+/// Reconciles one controller runs at once unless configured. Unbounded, a
+/// wave of hundreds of machines is reconciled all at once: each reconcile
+/// holds its objects and buffers while it waits on the apiserver, so the
+/// peak memory grew with the wave, for no gain in time (see
+/// docs/performance.md).
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 16;
 
 impl ManagerConfig {
     /// The label selector implementing `--watch-filter`, if any.
@@ -158,6 +168,14 @@ impl ManagerConfig {
         self.watch_filter
             .as_ref()
             .map(|value| format!("cluster.x-k8s.io/watch-filter={value}"))
+    }
+
+    /// The settings every controller of this manager runs with.
+    pub fn controller_config(&self) -> kube::runtime::controller::Config {
+        kube::runtime::controller::Config::default().concurrency(
+            self.max_concurrent_reconciles
+                .unwrap_or(DEFAULT_MAX_CONCURRENT_RECONCILES),
+        )
     }
 
     /// A watcher configuration honouring the watch filter.

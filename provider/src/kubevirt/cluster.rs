@@ -107,6 +107,7 @@ pub async fn run(base: Arc<Context>) {
     let service_config = crate::runtime::watch_config().labels(KUBEVIRT_CLUSTER_LABEL);
     Controller::new(clusters, config.watcher_config())
         .trigger_backoff(crate::runtime::trigger_backoff())
+        .with_config(config.controller_config())
         .owns(config.api::<Service>(&client), service_config)
         .watches(
             config.api::<Cluster>(&client),

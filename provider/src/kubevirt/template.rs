@@ -75,6 +75,7 @@ pub async fn run(ctx: Arc<Context>) {
     let api: Api<KubevirtMachineTemplate> = ctx.config.api(&ctx.client);
     Controller::new(api, ctx.config.watcher_config())
         .trigger_backoff(crate::runtime::trigger_backoff())
+        .with_config(ctx.config.controller_config())
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -104,7 +104,8 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         pve: ClientCache::default(),
     });
     let controller = Controller::new(remediations, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff());
+        .trigger_backoff(crate::runtime::trigger_backoff())
+        .with_config(config.controller_config());
     let store = controller.store();
     controller
         // A remediation is named after its Machine: the Machine's health

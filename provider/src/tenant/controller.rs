@@ -24,7 +24,8 @@ pub async fn run(base: Arc<Context>) {
     let config = base.config.clone();
     let objects: Api<Kubernetes> = config.api(&client);
     let controller = Controller::new(objects, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff());
+        .trigger_backoff(crate::runtime::trigger_backoff())
+        .with_config(config.controller_config());
     let store = controller.store();
     let namespaced_store = store.clone();
     // Every Kubernetes object of a namespace: the namespace's etcd serves

@@ -26,7 +26,8 @@ pub async fn run(base: Arc<Context>) {
         &pool_reconcile::machine_deployment_resource(),
     );
     let controller = Controller::new(pools, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff());
+        .trigger_backoff(crate::runtime::trigger_backoff())
+        .with_config(config.controller_config());
     let store = controller.store();
     // A change of the parent (talos.*, version) changes what its pools
     // render: every pool naming it is reconciled.

@@ -106,7 +106,7 @@ pub async fn run(base: Arc<Context>) {
         // A VM's start is a burst of VMI and VM status changes; one
         // reconcile after the burst sees the same end state as one per
         // change, for a fraction of the requests.
-        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+        .with_config(config.controller_config().debounce(DEBOUNCE))
         .watches_stream(vm_stream, |vm| labelled_machine(&vm))
         .watches_stream(vmi_stream, |vmi| labelled_machine(&vmi))
         .watches_stream(dv_stream, |dv| labelled_machine(&dv))

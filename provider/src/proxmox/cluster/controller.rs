@@ -19,7 +19,8 @@ pub async fn run(base: Arc<Context>) {
     let config = base.config.clone();
     let clusters: Api<ProxmoxCluster> = config.api(&client);
     let controller = Controller::new(clusters, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff());
+        .trigger_backoff(crate::runtime::trigger_backoff())
+        .with_config(config.controller_config());
     let store = controller.store();
     let ctx = Arc::new(ClusterContext::new(base));
     controller

@@ -115,7 +115,7 @@ pub async fn run(base: Arc<Context>) {
         // A clone, its configuration and the boot are bursts of status and
         // claim changes; one reconcile after a burst sees what one per
         // change would, for a fraction of the requests.
-        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+        .with_config(config.controller_config().debounce(DEBOUNCE))
         .watches_stream(claim_stream, |claim| {
             let labels = claim.metadata.labels.as_ref()?;
             Some(
