@@ -9,6 +9,12 @@
 #
 #   hack/fuzz.sh                      # every target, 20 s each
 #   hack/fuzz.sh --seconds 600 upid   # one target, ten minutes
+#   hack/fuzz.sh --dev                # unoptimised build (what CI runs)
+#
+# --dev builds the targets without optimisation: a cold build takes a
+# fraction of the optimised one's time, for fewer executions per second, the
+# right trade for CI's short bounded run on a fresh machine. Long runs by
+# hand should use the default, optimised build.
 #
 # cargo-fuzz is installed on first use into
 # $TENANTRY_CACHE/cargo-fuzz-<version> (default TENANTRY_CACHE:
@@ -32,6 +38,7 @@ all_targets() {
 }
 
 seconds=20
+profile=release
 targets=()
 while (($#)); do
 	case "$1" in
@@ -41,6 +48,10 @@ while (($#)); do
 		;;
 	--seconds=*)
 		seconds="${1#--seconds=}"
+		shift
+		;;
+	--dev)
+		profile=dev
 		shift
 		;;
 	-h | --help)
@@ -94,10 +105,13 @@ export CARGO_TARGET_DIR="${TENANTRY_FUZZ_TARGET_DIR:-$cache/fuzz-target}"
 # 16 codegen units instead of cargo-fuzz's 1: the provider crate builds in
 # parallel, at some cost in executions per second.
 build=(cargo +nightly fuzz build --debug-assertions --codegen-units 16)
+if [[ "$profile" == dev ]]; then
+	build+=(--dev)
+fi
 echo "==> ${build[*]}"
 "${build[@]}"
 host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
-bin_dir="$CARGO_TARGET_DIR/$host/release"
+bin_dir="$CARGO_TARGET_DIR/$host/$([[ "$profile" == dev ]] && echo debug || echo release)"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/tenantry-fuzz.XXXXXX")"
 failed=()
@@ -144,7 +158,7 @@ for target in "${targets[@]}"; do
 			echo "--- crashing input: $crash ($(wc -c <"$crash") bytes)"
 			od -A x -t x1z -v "$crash" | head -n 32
 			echo "    replay:  $bin_dir/$target $crash"
-			echo "    or:      PATH=\"$fuzz_root/bin:\$PATH\" cargo +nightly fuzz run --debug-assertions $target $crash"
+			echo "    or:      PATH=\"$fuzz_root/bin:\$PATH\" cargo +nightly fuzz run --debug-assertions $([[ "$profile" == dev ]] && echo '--dev ')$target $crash"
 		done
 	fi
 	summary+=("$(printf '%-18s %5ss %12s execs  %s' "$target" "$elapsed" "${executions:-?}" "$result")")
