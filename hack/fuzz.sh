@@ -38,7 +38,9 @@ all_targets() {
 }
 
 seconds=20
-profile=release
+# cargo-fuzz's flag for the build and the folder its binaries land in.
+profile_flag=()
+profile_dir=release
 targets=()
 while (($#)); do
 	case "$1" in
@@ -51,7 +53,8 @@ while (($#)); do
 		shift
 		;;
 	--dev)
-		profile=dev
+		profile_flag=(--dev)
+		profile_dir=debug
 		shift
 		;;
 	-h | --help)
@@ -104,14 +107,11 @@ export CARGO_TARGET_DIR="${TENANTRY_FUZZ_TARGET_DIR:-$cache/fuzz-target}"
 
 # 16 codegen units instead of cargo-fuzz's 1: the provider crate builds in
 # parallel, at some cost in executions per second.
-build=(cargo +nightly fuzz build --debug-assertions --codegen-units 16)
-if [[ "$profile" == dev ]]; then
-	build+=(--dev)
-fi
+build=(cargo +nightly fuzz build --debug-assertions --codegen-units 16 "${profile_flag[@]}")
 echo "==> ${build[*]}"
 "${build[@]}"
 host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
-bin_dir="$CARGO_TARGET_DIR/$host/$([[ "$profile" == dev ]] && echo debug || echo release)"
+bin_dir="$CARGO_TARGET_DIR/$host/$profile_dir"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/tenantry-fuzz.XXXXXX")"
 failed=()
@@ -158,7 +158,7 @@ for target in "${targets[@]}"; do
 			echo "--- crashing input: $crash ($(wc -c <"$crash") bytes)"
 			od -A x -t x1z -v "$crash" | head -n 32
 			echo "    replay:  $bin_dir/$target $crash"
-			echo "    or:      PATH=\"$fuzz_root/bin:\$PATH\" cargo +nightly fuzz run --debug-assertions $([[ "$profile" == dev ]] && echo '--dev ')$target $crash"
+			echo "    or:      PATH=\"$fuzz_root/bin:\$PATH\" cargo +nightly fuzz run --debug-assertions ${profile_flag[*]} $target $crash"
 		done
 	fi
 	summary+=("$(printf '%-18s %5ss %12s execs  %s' "$target" "$elapsed" "${executions:-?}" "$result")")
