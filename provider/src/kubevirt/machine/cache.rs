@@ -53,7 +53,7 @@ impl Caches {
 
     /// Whether the watches of this machine's VM, VMI and DataVolumes cover
     /// where they run.
-    fn covers(&self, infra: &InfraCluster) -> bool {
+    pub fn covers(&self, infra: &InfraCluster) -> bool {
         !infra.external
             && self
                 .watched_namespace

@@ -40,8 +40,14 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// How often a machine whose VM lives in an external infrastructure cluster
 /// (no watches there) is polled while provisioning.
 const EXTERNAL_POLL: Duration = Duration::from_secs(10);
-/// How often deletion checks whether the VM is gone.
+/// How often deletion checks whether the VM is gone when nothing would
+/// say so: the VM lives where no watch of ours looks, or a finalizer holds
+/// the (unwatched) userdata Secret.
 const DELETION_POLL: Duration = Duration::from_secs(2);
+/// The safety net while deletion waits for objects our watches cover: their
+/// removal wakes the machine, so polling every 2 s only repeated the same
+/// reads (at 5,000 machines, about 100 reconciles per waiting machine).
+const DELETION_RESYNC: Duration = Duration::from_secs(30);
 /// How often a machine waits for its cluster's SSH keys (CAPK: 10 s).
 const SSH_KEYS_POLL: Duration = Duration::from_secs(10);
 /// How often the ssh bootstrap check reads the sentinel until it says
@@ -637,7 +643,12 @@ async fn delete(machine: Arc<KubevirtMachine>, ctx: &MachineContext) -> Result<A
     let mut deleting = Report::waiting(reason::DELETING, message.clone());
     deleting.provisioned = is_provisioned(&machine);
     report(&api, &machine, deleting).await?;
-    Err(Error::Waiting(message, DELETION_POLL))
+    let poll = if ctx.caches.covers(&infra) && !remains.userdata_secret {
+        DELETION_RESYNC
+    } else {
+        DELETION_POLL
+    };
+    Err(Error::Waiting(message, poll))
 }
 
 /// The VM a reconcile works on: the one that exists, or the bootstrap data
