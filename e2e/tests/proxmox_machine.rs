@@ -650,6 +650,25 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
     );
     assert!(["pve1", "pve2"].contains(&vm.node.as_str()));
     assert_eq!(status.proxmox_node.as_deref(), Some(vm.node.as_str()));
+    // The cluster says where its machines run (capmox's nodeLocations).
+    let worker_locations = |c: &ProxmoxCluster| -> Vec<(String, String)> {
+        c.status
+            .as_ref()
+            .and_then(|s| s.node_locations.as_ref())
+            .and_then(|l| l.workers.as_ref())
+            .map(|workers| {
+                workers
+                    .iter()
+                    .map(|w| (w.machine.name.clone(), w.node.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    world
+        .wait_cluster(&tenant, "worker-1 in nodeLocations", |c| {
+            worker_locations(c) == [("worker-1".to_string(), vm.node.clone())]
+        })
+        .await;
     assert_eq!(vm.power, VmPower::Running);
     assert_eq!(vm.config["cores"], "2");
     assert_eq!(vm.config["memory"], "2048");
@@ -747,6 +766,11 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
         .await
         .expect("delete Machine");
     world.wait_nothing_left(&tenant).await;
+    world
+        .wait_cluster(&tenant, "nodeLocations without worker-1", |c| {
+            worker_locations(c).is_empty()
+        })
+        .await;
     assert!(
         world
             .pve

@@ -479,9 +479,126 @@ fn written_recently() -> &'static RecentStatusWrites {
     WRITES.get_or_init(RecentStatusWrites::default)
 }
 
+/// Passes each object's triggers on at most once per `interval`: the first
+/// at once, those that follow within the interval as one more at its end,
+/// so the last change is always seen and a burst costs two reconciles, not
+/// one per event. For triggers that report on many objects (a cluster
+/// woken by each change of any of its machines), where a few seconds of
+/// delay cost nothing and a reconcile per event costs a full pass each.
+pub fn throttle_triggers<K>(
+    triggers: impl futures::Stream<Item = ObjectRef<K>> + Send + 'static,
+    interval: Duration,
+) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static
+where
+    K: Resource + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    use futures::StreamExt;
+    use tokio::time::Instant;
+    let (sender, receiver) = futures::channel::mpsc::unbounded();
+    tokio::spawn(async move {
+        let mut triggers = std::pin::pin!(triggers);
+        // When each object was last passed on, and when a held trigger is due.
+        let mut passed: HashMap<ObjectRef<K>, Instant> = HashMap::new();
+        let mut held: HashMap<ObjectRef<K>, Instant> = HashMap::new();
+        loop {
+            let next_due = held.values().min().copied();
+            tokio::select! {
+                trigger = triggers.next() => {
+                    let Some(object) = trigger else { break };
+                    let now = Instant::now();
+                    match passed.get(&object) {
+                        Some(&at) if now < at + interval => {
+                            held.entry(object).or_insert(at + interval);
+                        }
+                        _ => {
+                            passed.insert(object.clone(), now);
+                            if sender.unbounded_send(object).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {
+                    let now = Instant::now();
+                    let due: Vec<ObjectRef<K>> = held
+                        .iter()
+                        .filter(|(_, at)| **at <= now)
+                        .map(|(object, _)| object.clone())
+                        .collect();
+                    for object in due {
+                        held.remove(&object);
+                        passed.insert(object.clone(), now);
+                        if sender.unbounded_send(object).is_err() {
+                            return;
+                        }
+                    }
+                    // Forget objects quiet for a whole interval.
+                    passed.retain(|object, at| now < *at + interval || held.contains_key(object));
+                }
+            }
+        }
+    });
+    receiver
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cluster(name: &str) -> ObjectRef<k8s_openapi::api::core::v1::ConfigMap> {
+        ObjectRef::new(name).within("default")
+    }
+
+    /// The next trigger passed on; time is paused, so the minute is only
+    /// a bound against a hang, never waited for.
+    async fn next<S: futures::Stream + Unpin>(passed: &mut S) -> Option<S::Item> {
+        use futures::StreamExt;
+        tokio::time::timeout(Duration::from_secs(60), passed.next())
+            .await
+            .expect("a trigger within a minute")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_triggers_pass_the_first_at_once_and_a_burst_as_one_more() {
+        let (sender, source) = futures::channel::mpsc::unbounded();
+        let mut passed = Box::pin(throttle_triggers(source, Duration::from_secs(5)));
+        let start = tokio::time::Instant::now();
+        sender.unbounded_send(cluster("a")).unwrap();
+        assert_eq!(next(&mut passed).await, Some(cluster("a")));
+        assert_eq!(start.elapsed(), Duration::ZERO, "the first goes at once");
+
+        // A burst of ten within the interval, and another object meanwhile.
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            sender.unbounded_send(cluster("a")).unwrap();
+        }
+        sender.unbounded_send(cluster("b")).unwrap();
+        assert_eq!(next(&mut passed).await, Some(cluster("b")));
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(1),
+            "b is not held by a"
+        );
+        assert_eq!(next(&mut passed).await, Some(cluster("a")));
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(5),
+            "the burst goes once, at the end of the interval"
+        );
+
+        // Nothing more was held: the next trigger comes from the source.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        sender.unbounded_send(cluster("a")).unwrap();
+        assert_eq!(next(&mut passed).await, Some(cluster("a")));
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(25),
+            "quiet: at once again"
+        );
+        drop(sender);
+        assert_eq!(next(&mut passed).await, None, "ends with its source");
+    }
 
     #[test]
     fn a_status_written_recently_is_not_written_again() {

@@ -2,16 +2,60 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::Event as Finalizer;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use tenantry_api::proxmox::{PROXMOX_CLUSTER_FINALIZER, ProxmoxCluster, ProxmoxMachine};
 
 use super::reconcile::{self, ClusterContext, Error, owner_cluster_name};
 use crate::capi::Cluster;
-use crate::runtime::{self, Context};
+use crate::runtime::{self, Context, ManagerConfig};
+
+/// How often a cluster is reconciled at most for changes of its machines.
+const MACHINE_TRIGGER_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The clusters whose machines change: metadata is enough to tell a
+/// machine's cluster, and a watch of it sends less than the whole machine.
+fn machine_triggers(
+    client: &kube::Client,
+    config: &ManagerConfig,
+    clusters: Store<ProxmoxCluster>,
+) -> impl Stream<Item = ObjectRef<ProxmoxCluster>> + Send + 'static {
+    watcher(
+        config.api::<PartialObjectMeta<ProxmoxMachine>>(client),
+        config.watcher_config(),
+    )
+    .backoff(runtime::watch_backoff())
+    .touched_objects()
+    .filter_map(|event| async move {
+        event
+            .inspect_err(|error| tracing::debug!(%error, "ProxmoxMachine watch failed; retrying"))
+            .ok()
+    })
+    .flat_map(move |machine| {
+        let namespace = machine.metadata.namespace.clone().unwrap_or_default();
+        let cluster = crate::capi::owner::cluster_name(&machine.metadata).map(str::to_string);
+        let owners: Vec<ObjectRef<ProxmoxCluster>> = match cluster {
+            None => Vec::new(),
+            Some(cluster) => clusters
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    c.metadata.namespace.as_deref() == Some(namespace.as_str())
+                        && owner_cluster_name(c).as_deref() == Some(cluster.as_str())
+                })
+                .map(|c| ObjectRef::from_obj(c.as_ref()))
+                .collect(),
+        };
+        futures::stream::iter(owners)
+    })
+}
 
 /// Runs the controller until shutdown.
 pub async fn run(base: Arc<Context>) {
@@ -36,26 +80,13 @@ pub async fn run(base: Arc<Context>) {
             },
         )
         // The cluster's machines: their node locations and what the
-        // preflight checks.
-        .watches(
-            config.api::<ProxmoxMachine>(&client),
-            config.watcher_config(),
-            move |machine| {
-                let namespace = machine.metadata.namespace.clone().unwrap_or_default();
-                let cluster =
-                    crate::capi::owner::cluster_name(&machine.metadata).map(str::to_string);
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|c| {
-                        c.metadata.namespace.as_deref() == Some(namespace.as_str())
-                            && cluster.is_some()
-                            && owner_cluster_name(c) == cluster
-                    })
-                    .map(|c| ObjectRef::from_obj(c.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+        // preflight checks. Throttled: a wave of machines changes dozens of
+        // times a second, and each reconcile is a full pass (pools, machine
+        // list, preflight inputs) that ends with the same status.
+        .reconcile_on(runtime::throttle_triggers(
+            machine_triggers(&client, &config, store),
+            MACHINE_TRIGGER_INTERVAL,
+        ))
         .shutdown_on_signal()
         .run(reconcile_cluster, error_policy, ctx)
         .for_each(|result| async move {
