@@ -495,7 +495,7 @@ where
 {
     use futures::StreamExt;
     use tokio::time::Instant;
-    let (sender, receiver) = futures::channel::mpsc::unbounded();
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut triggers = std::pin::pin!(triggers);
         // When each object was last passed on, and when a held trigger is due.
@@ -504,6 +504,8 @@ where
         loop {
             let next_due = held.values().min().copied();
             tokio::select! {
+                // The controller is gone: stop, and with it the watch feeding us.
+                () = sender.closed() => break,
                 trigger = triggers.next() => {
                     let Some(object) = trigger else { break };
                     let now = Instant::now();
@@ -513,7 +515,7 @@ where
                         }
                         _ => {
                             passed.insert(object.clone(), now);
-                            if sender.unbounded_send(object).is_err() {
+                            if sender.send(object).is_err() {
                                 break;
                             }
                         }
@@ -529,7 +531,7 @@ where
                     for object in due {
                         held.remove(&object);
                         passed.insert(object.clone(), now);
-                        if sender.unbounded_send(object).is_err() {
+                        if sender.send(object).is_err() {
                             return;
                         }
                     }
@@ -539,7 +541,7 @@ where
             }
         }
     });
-    receiver
+    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }
 
 #[cfg(test)]
@@ -598,6 +600,22 @@ mod tests {
         );
         drop(sender);
         assert_eq!(next(&mut passed).await, None, "ends with its source");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_triggers_let_go_of_their_source_when_no_one_listens() {
+        let (sender, source) =
+            futures::channel::mpsc::unbounded::<ObjectRef<k8s_openapi::api::core::v1::ConfigMap>>();
+        let passed = throttle_triggers(source, Duration::from_secs(5));
+        drop(passed);
+        // The source is a watch in production: it must not outlive the controller.
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while !sender.is_closed() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the source is dropped once the throttled stream is");
     }
 
     #[test]
