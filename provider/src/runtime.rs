@@ -552,23 +552,31 @@ mod tests {
         ObjectRef::new(name).within("default")
     }
 
-    /// The next trigger passed on; time is paused, so the minute is only
-    /// a bound against a hang, never waited for.
-    async fn next<S: futures::Stream + Unpin>(passed: &mut S) -> Option<S::Item> {
+    /// The next trigger passed on, and when since `start`; time is paused,
+    /// so the minute is only a bound against a hang, never waited for.
+    async fn next_at<S: futures::Stream + Unpin>(
+        passed: &mut S,
+        start: tokio::time::Instant,
+    ) -> (Option<S::Item>, Duration) {
         use futures::StreamExt;
-        tokio::time::timeout(Duration::from_secs(60), passed.next())
+        let next = tokio::time::timeout(Duration::from_secs(60), passed.next())
             .await
-            .expect("a trigger within a minute")
+            .expect("a trigger within a minute");
+        (next, start.elapsed())
     }
 
     #[tokio::test(start_paused = true)]
     async fn throttled_triggers_pass_the_first_at_once_and_a_burst_as_one_more() {
+        let secs = Duration::from_secs;
         let (sender, source) = futures::channel::mpsc::unbounded();
-        let mut passed = Box::pin(throttle_triggers(source, Duration::from_secs(5)));
+        let mut passed = Box::pin(throttle_triggers(source, secs(5)));
         let start = tokio::time::Instant::now();
         sender.unbounded_send(cluster("a")).unwrap();
-        assert_eq!(next(&mut passed).await, Some(cluster("a")));
-        assert_eq!(start.elapsed(), Duration::ZERO, "the first goes at once");
+        assert_eq!(
+            next_at(&mut passed, start).await,
+            (Some(cluster("a")), secs(0)),
+            "the first goes at once"
+        );
 
         // A burst of ten within the interval, and another object meanwhile.
         for _ in 0..10 {
@@ -576,30 +584,31 @@ mod tests {
             sender.unbounded_send(cluster("a")).unwrap();
         }
         sender.unbounded_send(cluster("b")).unwrap();
-        assert_eq!(next(&mut passed).await, Some(cluster("b")));
         assert_eq!(
-            start.elapsed(),
-            Duration::from_secs(1),
+            next_at(&mut passed, start).await,
+            (Some(cluster("b")), secs(1)),
             "b is not held by a"
         );
-        assert_eq!(next(&mut passed).await, Some(cluster("a")));
         assert_eq!(
-            start.elapsed(),
-            Duration::from_secs(5),
+            next_at(&mut passed, start).await,
+            (Some(cluster("a")), secs(5)),
             "the burst goes once, at the end of the interval"
         );
 
         // Nothing more was held: the next trigger comes from the source.
-        tokio::time::sleep(Duration::from_secs(20)).await;
+        tokio::time::sleep(secs(20)).await;
         sender.unbounded_send(cluster("a")).unwrap();
-        assert_eq!(next(&mut passed).await, Some(cluster("a")));
         assert_eq!(
-            start.elapsed(),
-            Duration::from_secs(25),
+            next_at(&mut passed, start).await,
+            (Some(cluster("a")), secs(25)),
             "quiet: at once again"
         );
         drop(sender);
-        assert_eq!(next(&mut passed).await, None, "ends with its source");
+        assert_eq!(
+            next_at(&mut passed, start).await.0,
+            None,
+            "ends with its source"
+        );
     }
 
     #[tokio::test(start_paused = true)]
