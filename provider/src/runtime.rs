@@ -437,6 +437,37 @@ where
     Ok(Some(updated))
 }
 
+/// Writes an object's status with server-side apply, on the condition that
+/// the object is still at the resourceVersion `object` shows (else the
+/// apiserver answers 409 Conflict and nothing is written). For a status
+/// that decides something irreversible next — a VM ID reserved before the
+/// clone is asked for — so that a stale copy of the object can never lead
+/// to it twice.
+pub async fn apply_status_at_version<K, S>(api: &Api<K>, object: &K, desired: &S) -> kube::Result<K>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    S: Serialize,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": { "resourceVersion": object.meta().resource_version },
+        "status": desired,
+    });
+    let updated = api
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    if let Some(uid) = object.meta().uid.clone() {
+        written_recently().record(uid, status_fingerprint(desired));
+    }
+    Ok(updated)
+}
+
 /// How long a status write is remembered (see [`apply_status`]): longer than
 /// a watch takes to deliver the write back, short enough that a status
 /// changed behind tenantry's back is put right on the next resync.

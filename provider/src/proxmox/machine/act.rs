@@ -16,7 +16,7 @@ use tenantry_api::generated::capi::ip_address_claim::{
 };
 use tenantry_api::proxmox::ProxmoxMachine;
 
-use super::cache::Caches;
+use super::cache::{Caches, ClaimLookup};
 use super::decide::{ClaimPlan, DeviceAddress, VmPresence};
 use crate::proxmox::client::{
     Pool, ProxmoxClient, ProxmoxError, ResourceFilter, ResourceType, TaskOutcome, TaskWaitConfig,
@@ -329,8 +329,15 @@ pub async fn ensure_addresses(
     let mut pending = Vec::new();
     for plan in plans {
         let claim = match caches.claim(&claims, &namespace, &plan.name).await? {
-            Some(claim) => claim,
-            None => {
+            ClaimLookup::Found(claim) => *claim,
+            ClaimLookup::JustCreated => {
+                pending.push(format!(
+                    "IPAddressClaim {} on {} {}",
+                    plan.name, plan.pool_kind, plan.pool_name
+                ));
+                continue;
+            }
+            ClaimLookup::Absent => {
                 let claim = IpAddressClaim {
                     metadata: ObjectMeta {
                         name: Some(plan.name.clone()),
@@ -359,6 +366,7 @@ pub async fn ensure_addresses(
                 match claims.create(&params, &claim).await {
                     Ok(created) => {
                         tracing::info!(machine = %name, claim = %plan.name, pool = %plan.pool_name, "created IPAddressClaim");
+                        caches.created_claim(&namespace, &plan.name);
                         created
                     }
                     Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -511,6 +519,22 @@ pub async fn release_addresses(
     Ok(left)
 }
 
+/// How long a reconcile waits for a task it has just started before it
+/// records the task and comes back later: most of a provisioning's tasks
+/// (configuring, resizing, uploading, attaching, starting) take PVE well
+/// under a second, and going on at once saves writing a state that lasted
+/// that long.
+pub fn inline_task_wait() -> TaskWaitConfig {
+    TaskWaitConfig {
+        initial_interval: Duration::from_millis(50),
+        max_interval: Duration::from_millis(500),
+        factor: 2.0,
+        jitter: true,
+        timeout: Duration::from_secs(2),
+        log_tail_lines: 5,
+    }
+}
+
 /// How long a reconcile waits for a task before leaving it to the next one.
 pub fn reconcile_task_wait() -> TaskWaitConfig {
     TaskWaitConfig {
@@ -542,11 +566,10 @@ pub async fn address_conflicts(
     let addresses: Api<IpAddress> = Api::namespaced(client.clone(), &namespace);
     let mut ours = Vec::new();
     for plan in plans {
-        let Some(reference) = caches
-            .claim(&claims, &namespace, &plan.name)
-            .await?
-            .and_then(|c| c.status.and_then(|s| s.address_ref))
-        else {
+        let ClaimLookup::Found(claim) = caches.claim(&claims, &namespace, &plan.name).await? else {
+            continue;
+        };
+        let Some(reference) = claim.status.and_then(|s| s.address_ref) else {
             continue;
         };
         if let Some(address) = caches

@@ -4,17 +4,19 @@
 //!
 //! - stores fed by the controller's watches: owner Machines, Clusters,
 //!   ProxmoxClusters, the machines' IPAddressClaims and the IPAddresses
-//!   (a miss falls back to a GET);
-//! - the resourceVersion and status of each machine's last write by this
-//!   manager: a machine from the controller's store that shows either is
-//!   current and is not read again;
+//!   (a miss falls back to a GET, except for a claim this manager has just
+//!   created, which the watch brings soon);
+//! - the resourceVersion and status of each machine's last write (or fresh
+//!   read) by this manager: a machine from the controller's store that shows
+//!   either is current and is not read again; one that does not yet waits a
+//!   moment for the watch to bring the write rather than reading it;
 //! - the VM IDs this manager picked and has not seen cloned yet, so two
 //!   machines of one manager never race for the same ID;
 //! - each pool's members for a moment, trusted only to say where a VM *is*
 //!   (a miss is read afresh, so a clone that just landed is never taken for
 //!   a lost one).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,37 @@ use crate::proxmox::client::{Pool, ProxmoxClient, ProxmoxError};
 
 /// How long a pool's members answer for where a VM is.
 const POOL_SNAPSHOT_TTL: Duration = Duration::from_secs(2);
+/// How long a stored machine that does not show this manager's last write
+/// waits for the watch to bring it before the machine is read afresh. A
+/// watch delivers within milliseconds, or seconds under a wave; what it
+/// has not delivered by then is someone else's change, read at once.
+const WATCH_GRACE: Duration = Duration::from_secs(5);
+/// How long a claim this manager created is taken to exist though the
+/// store does not show it yet.
+const CREATED_CLAIM_GRACE: Duration = Duration::from_secs(30);
+
+/// How far the controller's copy of a machine can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freshness {
+    /// It shows this manager's last write or fresh read.
+    Current,
+    /// This manager has neither written nor read it afresh since it
+    /// started: the copy comes from a list made after it started leading.
+    Unwritten,
+    /// It predates this manager's last write, made this long ago: the
+    /// watch should bring the write within the rest of the grace.
+    BehindOwnWrite(Duration),
+    /// Someone else changed its status, or a conditional write found the
+    /// copy out of date: read it afresh.
+    Stale,
+}
+
+/// A machine's version and status as this manager last wrote or read them.
+struct Known {
+    version: String,
+    status: u64,
+    at: Instant,
+}
 
 /// The controller's stores and memos.
 pub struct Caches {
@@ -38,9 +71,19 @@ pub struct Caches {
     pub proxmox_clusters: Store<ProxmoxCluster>,
     pub claims: Store<IpAddressClaim>,
     pub addresses: Store<IpAddress>,
-    written: Mutex<HashMap<String, (String, u64)>>,
+    known: Mutex<HashMap<String, Known>>,
+    distrusted: Mutex<HashSet<String>>,
+    created_claims: Mutex<HashMap<String, Instant>>,
     vmids: Mutex<HashMap<u32, String>>,
     pools: Mutex<HashMap<String, (Instant, Pool)>>,
+}
+
+/// What is known of an IPAddressClaim (see [`Caches::claim`]).
+pub enum ClaimLookup {
+    Found(Box<IpAddressClaim>),
+    /// Created by this manager a moment ago; the store has not caught up.
+    JustCreated,
+    Absent,
 }
 
 impl Caches {
@@ -55,7 +98,9 @@ impl Caches {
             proxmox_clusters,
             claims,
             addresses,
-            written: Mutex::default(),
+            known: Mutex::default(),
+            distrusted: Mutex::default(),
+            created_claims: Mutex::default(),
             vmids: Mutex::default(),
             pools: Mutex::default(),
         }
@@ -76,17 +121,44 @@ impl Caches {
             .await
     }
 
-    /// The IPAddressClaim `name` in `namespace`, if it exists.
+    /// The IPAddressClaim `name` in `namespace` as far as it is known:
+    /// the store's copy; else, once the store has listed, one this manager
+    /// created within [`CREATED_CLAIM_GRACE`] (with no status yet — the
+    /// watch wakes the machine when the IPAM provider gives it one) or
+    /// [`ClaimLookup::Absent`] (a create answers 409 if it exists after
+    /// all); else read.
     pub async fn claim(
         &self,
         api: &Api<IpAddressClaim>,
         namespace: &str,
         name: &str,
-    ) -> kube::Result<Option<IpAddressClaim>> {
+    ) -> kube::Result<ClaimLookup> {
+        let key = format!("{namespace}/{name}");
         if let Some(claim) = lookup(&self.claims, namespace, name) {
-            return Ok(Some(claim));
+            self.created_claims
+                .lock()
+                .expect("created claims")
+                .remove(&key);
+            return Ok(ClaimLookup::Found(Box::new(claim)));
         }
-        api.get_opt(name).await
+        if crate::capi::stores::is_ready(&self.claims) {
+            let created = self.created_claims.lock().expect("created claims");
+            return Ok(match created.get(&key) {
+                Some(at) if at.elapsed() < CREATED_CLAIM_GRACE => ClaimLookup::JustCreated,
+                _ => ClaimLookup::Absent,
+            });
+        }
+        Ok(match api.get_opt(name).await? {
+            Some(claim) => ClaimLookup::Found(Box::new(claim)),
+            None => ClaimLookup::Absent,
+        })
+    }
+
+    /// Remembers a claim this manager created, until the store shows it.
+    pub fn created_claim(&self, namespace: &str, name: &str) {
+        let mut created = self.created_claims.lock().expect("created claims");
+        created.retain(|_, at| at.elapsed() < CREATED_CLAIM_GRACE);
+        created.insert(format!("{namespace}/{name}"), Instant::now());
     }
 
     /// The IPAddress `name` in `namespace`, if it exists. Addresses never
@@ -105,9 +177,9 @@ impl Caches {
 
     // -------------------------------------------------- the machine itself
 
-    /// Remembers the resourceVersion and status a write of this manager
-    /// gave a machine.
-    pub fn wrote(&self, machine: &ProxmoxMachine) {
+    /// Remembers the resourceVersion and status of a machine as this
+    /// manager just wrote it or read it from the apiserver.
+    pub fn saw_latest(&self, machine: &ProxmoxMachine) {
         let (Some(uid), Some(version)) = (
             machine.metadata.uid.clone(),
             machine.metadata.resource_version.clone(),
@@ -115,32 +187,72 @@ impl Caches {
             return;
         };
         let status = crate::runtime::status_fingerprint(&machine.status);
-        let mut written = self.written.lock().expect("written versions");
-        written.insert(uid, (version, status));
+        self.distrusted
+            .lock()
+            .expect("distrusted machines")
+            .remove(&uid);
+        let mut known = self.known.lock().expect("known versions");
+        known.insert(
+            uid,
+            Known {
+                version,
+                status,
+                at: Instant::now(),
+            },
+        );
     }
 
-    /// Whether `machine` (from the controller's store) shows this manager's
-    /// last write to it: that very version, or a later one with the status
-    /// as written (someone else changed metadata, such as the finalizer or
-    /// a label). Versions are compared for equality only, as the API asks.
-    /// Anything else — an older copy, a status changed by someone else — is
-    /// read afresh: a stale status could mean a second clone.
-    pub fn is_current(&self, machine: &ProxmoxMachine) -> bool {
+    /// How far `machine` (from the controller's store) can be trusted: it
+    /// is current when it shows the version this manager last wrote or
+    /// read, or a later one with that status (someone else changed
+    /// metadata, such as the finalizer or a label). Versions are compared
+    /// for equality only, as the API asks.
+    pub fn freshness(&self, machine: &ProxmoxMachine) -> Freshness {
         let (Some(uid), Some(version)) = (
             machine.metadata.uid.as_deref(),
             machine.metadata.resource_version.as_deref(),
         ) else {
-            return false;
+            return Freshness::Stale;
         };
-        let written = self.written.lock().expect("written versions");
-        written.get(uid).is_some_and(|(v, status)| {
-            v == version || *status == crate::runtime::status_fingerprint(&machine.status)
-        })
+        if self
+            .distrusted
+            .lock()
+            .expect("distrusted machines")
+            .contains(uid)
+        {
+            return Freshness::Stale;
+        }
+        let known = self.known.lock().expect("known versions");
+        let Some(known) = known.get(uid) else {
+            return Freshness::Unwritten;
+        };
+        if known.version == version
+            || known.status == crate::runtime::status_fingerprint(&machine.status)
+        {
+            return Freshness::Current;
+        }
+        match WATCH_GRACE.checked_sub(known.at.elapsed()) {
+            Some(left) if !left.is_zero() => Freshness::BehindOwnWrite(left),
+            _ => Freshness::Stale,
+        }
+    }
+
+    /// A write conditional on the stored copy's version was refused: the
+    /// next reconcile reads the machine afresh.
+    pub fn distrust(&self, uid: &str) {
+        self.distrusted
+            .lock()
+            .expect("distrusted machines")
+            .insert(uid.to_string());
     }
 
     /// Forgets a machine that is gone.
     pub fn forget(&self, uid: &str) {
-        self.written.lock().expect("written versions").remove(uid);
+        self.known.lock().expect("known versions").remove(uid);
+        self.distrusted
+            .lock()
+            .expect("distrusted machines")
+            .remove(uid);
         self.release_vmid(uid);
     }
 
@@ -238,27 +350,57 @@ mod tests {
     #[test]
     fn only_the_last_write_is_current() {
         let caches = caches();
-        assert!(
-            !caches.is_current(&machine("u1", "5")),
+        assert_eq!(
+            caches.freshness(&machine("u1", "5")),
+            Freshness::Unwritten,
             "nothing written yet"
         );
-        caches.wrote(&with_vmid(machine("u1", "7"), 100));
-        assert!(caches.is_current(&machine("u1", "7")), "that very version");
-        assert!(
-            !caches.is_current(&machine("u1", "5")),
-            "an older copy, without the reservation"
+        caches.saw_latest(&with_vmid(machine("u1", "7"), 100));
+        assert_eq!(
+            caches.freshness(&machine("u1", "7")),
+            Freshness::Current,
+            "that very version"
         );
         assert!(
-            caches.is_current(&with_vmid(machine("u1", "9"), 100)),
+            matches!(
+                caches.freshness(&machine("u1", "5")),
+                Freshness::BehindOwnWrite(left) if left <= WATCH_GRACE
+            ),
+            "an older copy, without the reservation: the watch brings the write soon"
+        );
+        assert_eq!(
+            caches.freshness(&with_vmid(machine("u1", "9"), 100)),
+            Freshness::Current,
             "a later version with the status as written (a finalizer added)"
         );
-        assert!(
-            !caches.is_current(&with_vmid(machine("u1", "9"), 101)),
-            "someone else wrote the status"
+        assert_eq!(
+            caches.freshness(&machine("u2", "7")),
+            Freshness::Unwritten,
+            "another machine"
         );
-        assert!(!caches.is_current(&machine("u2", "7")), "another machine");
+        caches.distrust("u1");
+        assert_eq!(
+            caches.freshness(&machine("u1", "7")),
+            Freshness::Stale,
+            "a conditional write was refused"
+        );
+        caches.saw_latest(&with_vmid(machine("u1", "10"), 100));
+        assert_eq!(caches.freshness(&machine("u1", "10")), Freshness::Current);
         caches.forget("u1");
-        assert!(!caches.is_current(&machine("u1", "7")));
+        assert_eq!(caches.freshness(&machine("u1", "10")), Freshness::Unwritten);
+    }
+
+    /// A status changed by someone else is only waited for as long as the
+    /// watch may take to bring this manager's own write.
+    #[test]
+    fn a_copy_behind_the_last_write_is_stale_after_the_grace() {
+        let caches = caches();
+        caches.saw_latest(&with_vmid(machine("u1", "7"), 100));
+        caches.known.lock().unwrap().get_mut("u1").unwrap().at -= WATCH_GRACE;
+        assert_eq!(
+            caches.freshness(&with_vmid(machine("u1", "9"), 101)),
+            Freshness::Stale
+        );
     }
 
     /// PVE's `nextid` answers the same ID to concurrent callers; the

@@ -25,6 +25,7 @@ use tenantry_api::contract::{CONTROL_PLANE_LABEL, MachineInitialization, READY_C
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine, ProxmoxMachineStatus, provider_id};
 
 use super::act::{self, Addresses, TaskPoll, VmFacts};
+use super::cache::Freshness;
 use super::controller::MachineContext;
 use super::decide::{
     self, DeviceAddress, SeedDrive, VM_PROVISIONED, VmPresence, VmVerdict, VmidSearch, VmidSource,
@@ -96,6 +97,9 @@ struct Wait {
     reason: Cow<'static, str>,
     message: String,
     delay: Option<Duration>,
+    /// A task was just started: the reconcile may wait for it a moment and
+    /// go on (see [`apply`]).
+    task_started: bool,
 }
 
 fn wait(
@@ -107,6 +111,7 @@ fn wait(
         reason: reason.into(),
         message: message.into(),
         delay,
+        task_started: false,
     })
 }
 
@@ -159,6 +164,32 @@ struct Run<'a> {
     name: String,
     namespace: String,
     uid: String,
+    /// Steps follow each other within this reconcile: a task's wait is
+    /// short (see [`act::inline_task_wait`]).
+    inline: bool,
+}
+
+/// What [`Run::load`] found.
+enum Loaded<'a> {
+    Run(Box<Run<'a>>),
+    /// The machine is gone.
+    Gone,
+    /// The controller's copy predates this manager's last write; the watch
+    /// brings it within this long (and wakes the machine then).
+    Behind(Duration),
+}
+
+/// What a reconcile does with the controller's copy of a machine that this
+/// manager has not written since it started.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unwritten {
+    /// Work from it: it comes from a list made after this manager started
+    /// leading, and the one write that precedes something irreversible
+    /// (the VM ID reserved before a clone) is conditional on its version.
+    Trust,
+    /// Read the machine afresh (deletion: a VM the copy does not show
+    /// would be left behind).
+    Read,
 }
 
 /// What the gates found: everything a provisioning step needs.
@@ -172,25 +203,32 @@ struct Gates {
 
 impl<'a> Run<'a> {
     /// The machine as last written: the controller's copy when it shows
-    /// this manager's last write, else read afresh — a stale status could
-    /// mean a second clone.
+    /// this manager's last write (or, per `unwritten`, when this manager
+    /// has not written it yet); nothing yet when the copy predates that
+    /// write and the watch is about to bring it; else read afresh — a stale
+    /// status could mean a second clone.
     async fn load(
         ctx: &'a MachineContext,
         object: &ProxmoxMachine,
-    ) -> Result<Option<Run<'a>>, Error> {
+        unwritten: Unwritten,
+    ) -> Result<Loaded<'a>, Error> {
         let namespace = object.metadata.namespace.clone().unwrap_or_default();
         let name = object.metadata.name.clone().unwrap_or_default();
         let api: Api<ProxmoxMachine> = Api::namespaced(ctx.base.client.clone(), &namespace);
-        let machine = if ctx.caches.is_current(object) {
-            object.clone()
-        } else {
-            let Some(machine) = api.get_opt(&name).await? else {
-                return Ok(None);
-            };
-            machine
+        let machine = match ctx.caches.freshness(object) {
+            Freshness::Current => object.clone(),
+            Freshness::Unwritten if unwritten == Unwritten::Trust => object.clone(),
+            Freshness::BehindOwnWrite(left) => return Ok(Loaded::Behind(left)),
+            Freshness::Unwritten | Freshness::Stale => {
+                let Some(machine) = api.get_opt(&name).await? else {
+                    return Ok(Loaded::Gone);
+                };
+                ctx.caches.saw_latest(&machine);
+                machine
+            }
         };
         let written = machine.status.clone();
-        Ok(Some(Run {
+        Ok(Loaded::Run(Box::new(Run {
             ctx,
             api,
             status: written.clone().unwrap_or_default(),
@@ -199,7 +237,8 @@ impl<'a> Run<'a> {
             machine,
             name,
             namespace,
-        }))
+            inline: false,
+        })))
     }
 
     fn pool(&self) -> Option<&str> {
@@ -233,11 +272,34 @@ impl<'a> Run<'a> {
         )
         .await?
         {
-            self.ctx.caches.wrote(&updated);
+            self.ctx.caches.saw_latest(&updated);
             self.machine.metadata.resource_version = updated.metadata.resource_version;
         }
         self.written = Some(self.status.clone());
         Ok(())
+    }
+
+    /// Writes the status built so far only if the machine is still as this
+    /// reconcile read it: for what comes right before an irreversible step.
+    /// A refusal (someone wrote meanwhile, or the copy was stale) has the
+    /// machine read afresh and looked at again in a moment.
+    async fn persist_at_version(&mut self) -> Result<(), Halt> {
+        match runtime::apply_status_at_version(&self.api, &self.machine, &self.status).await {
+            Ok(updated) => {
+                self.ctx.caches.saw_latest(&updated);
+                self.machine.metadata.resource_version = updated.metadata.resource_version;
+                self.written = Some(self.status.clone());
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.ctx.caches.distrust(&self.uid);
+                Err(Halt::Error(Box::new(Error::Waiting(
+                    "the machine changed since it was read; reading it again".into(),
+                    Duration::from_millis(200),
+                ))))
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     fn set_conditions(&mut self, desired: &[DesiredCondition]) {
@@ -301,6 +363,7 @@ impl<'a> Run<'a> {
             reason: reason::PROXMOX_UNAVAILABLE.into(),
             message: format!("Proxmox VE API: {pve}; retrying with backoff"),
             delay: None,
+            task_started: false,
         };
         if let Err(report) = self.report_wait(&wait).await {
             tracing::debug!(error = %report, "could not report the Proxmox backoff");
@@ -311,12 +374,26 @@ impl<'a> Run<'a> {
     /// reservation may have been written by another field manager (an
     /// older manager, a restore), whose fields an apply cannot remove.
     async fn forget_reservation(&mut self) -> Result<(), Error> {
-        let patch = json!({ "status": { "virtualMachineID": null, "proxmoxNode": null } });
-        let updated = self
+        let patch = json!({
+            "metadata": { "resourceVersion": self.machine.metadata.resource_version },
+            "status": { "virtualMachineID": null, "proxmoxNode": null },
+        });
+        let updated = match self
             .api
             .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        self.ctx.caches.wrote(&updated);
+            .await
+        {
+            Ok(updated) => updated,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.ctx.caches.distrust(&self.uid);
+                return Err(Error::Waiting(
+                    "the machine changed since it was read; reading it again".into(),
+                    Duration::from_millis(200),
+                ));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        self.ctx.caches.saw_latest(&updated);
         self.machine.metadata.resource_version = updated.metadata.resource_version;
         self.ctx.caches.release_vmid(&self.uid);
         self.status.virtual_machine_id = None;
@@ -333,33 +410,62 @@ impl<'a> Run<'a> {
             .api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
-        self.ctx.caches.wrote(&self.machine);
+        self.ctx.caches.saw_latest(&self.machine);
         Ok(())
     }
 }
 
+/// How many tasks one reconcile starts and sees through at most before it
+/// leaves the rest to the next (a provisioning has six or so).
+const INLINE_STEPS: usize = 8;
+
+/// Provisions step by step. A step that started a task halts; when the
+/// task ends within a moment ([`act::inline_task_wait`]) the next step goes
+/// on in the same reconcile, and the status is written only where the
+/// machine waits — a task still running (with its UPID, so a restart finds
+/// it), an address, the guest — or is done. What a skipped write would have
+/// said lasted under two seconds; a restart between two steps loses
+/// nothing, as every step is judged from the VM's own state and the one
+/// irreversible step, the clone, is recorded before it is asked for.
 pub async fn apply(object: Arc<ProxmoxMachine>, ctx: &MachineContext) -> Result<Action, Error> {
-    let Some(mut run) = Run::load(ctx, &object).await? else {
-        return Ok(Action::await_change());
+    let mut run = match Run::load(ctx, &object, Unwritten::Trust).await? {
+        Loaded::Run(run) => run,
+        Loaded::Gone => return Ok(Action::await_change()),
+        Loaded::Behind(left) => return Ok(Action::requeue(left)),
     };
-    match run.provision().await {
-        Ok(action) => Ok(action),
-        Err(Halt::Wait(wait)) => {
-            run.report_wait(&wait).await?;
-            Ok(wait
-                .delay
-                .map_or_else(Action::await_change, Action::requeue))
-        }
-        Err(Halt::Error(error)) => {
-            run.report_backoff(&error).await;
-            Err(*error)
+    let mut steps = 0;
+    loop {
+        match run.provision().await {
+            Ok(action) => return Ok(action),
+            Err(Halt::Wait(wait)) if wait.task_started && steps < INLINE_STEPS => {
+                steps += 1;
+                run.inline = true;
+            }
+            Err(Halt::Wait(wait)) => {
+                run.report_wait(&wait).await?;
+                return Ok(wait
+                    .delay
+                    .map_or_else(Action::await_change, Action::requeue));
+            }
+            Err(Halt::Error(error)) => {
+                run.report_backoff(&error).await;
+                return Err(*error);
+            }
         }
     }
 }
 
 pub async fn cleanup(object: Arc<ProxmoxMachine>, ctx: &MachineContext) -> Result<Action, Error> {
-    let Some(mut run) = Run::load(ctx, &object).await? else {
-        return Ok(Action::await_change());
+    let mut run = match Run::load(ctx, &object, Unwritten::Read).await? {
+        Loaded::Run(run) => run,
+        Loaded::Gone => return Ok(Action::await_change()),
+        // The finalizer stays: waiting is an error to the finalizer helper.
+        Loaded::Behind(left) => {
+            return Err(Error::Waiting(
+                "waiting for the watch to bring this manager's last write".into(),
+                left,
+            ));
+        }
     };
     match run.delete().await {
         Ok(action) => {
@@ -607,7 +713,8 @@ impl Run<'_> {
             ));
         }
 
-        if !self.is_provisioned() {
+        let newly_provisioned = !self.is_provisioned();
+        if newly_provisioned {
             if !vm.status.is_running() {
                 self.configure(client, &vm).await?;
                 let allocated = match &addresses {
@@ -649,6 +756,22 @@ impl Run<'_> {
                 DesiredCondition::true_(VM_PROVISIONED, reason::PROVISIONED),
                 DesiredCondition::true_(READY_CONDITION, reason::PROVISIONED),
             ]);
+        }
+
+        // Provisioned: the seed has been read; it holds the machine's keys,
+        // so it goes.
+        let seed_removed = if self.status.vm_status.as_deref() != Some("ready") {
+            let removed = self.remove_seed(client, &vm).await;
+            if removed.is_ok() {
+                self.status.vm_status = Some("ready".into());
+            }
+            removed
+        } else {
+            Ok(())
+        };
+        if newly_provisioned {
+            // One write says both, when the seed went at once; provisioned
+            // is recorded even when it did not.
             self.persist().await?;
             tracing::info!(machine = %self.name, namespace = %self.namespace, vmid = vm.vmid, node = %vm.node, "ProxmoxMachine provisioned");
             self.ctx
@@ -661,13 +784,7 @@ impl Run<'_> {
                 )
                 .await;
         }
-
-        // Provisioned: the seed has been read; it holds the machine's keys,
-        // so it goes.
-        if self.status.vm_status.as_deref() != Some("ready") {
-            self.remove_seed(client, &vm).await?;
-            self.status.vm_status = Some("ready".into());
-        }
+        seed_removed?;
         if !vm.status.is_running() || vm.status.is_paused() {
             let state = if vm.status.is_paused() {
                 "paused"
@@ -703,7 +820,15 @@ impl Run<'_> {
             return Ok(());
         };
         let (running_reason, failed_reason) = decide::task_reason(upid.task_type());
-        let poll = act::poll_task(client, &upid, &act::reconcile_task_wait())
+        let patience = if self.inline {
+            // Just started: no task ends at once, so the first look waits.
+            let patience = act::inline_task_wait();
+            tokio::time::sleep(patience.initial_interval).await;
+            patience
+        } else {
+            act::reconcile_task_wait()
+        };
+        let poll = act::poll_task(client, &upid, &patience)
             .await
             .map_err(|e| refused(e, failed_reason, format!("task {upid}")))?;
         match poll {
@@ -783,7 +908,12 @@ impl Run<'_> {
         tracing::info!(machine = %self.name, upid = %upid, task = upid.task_type(), "started Proxmox task");
         self.status.task_ref = Some(upid.to_string());
         self.status.retry_after = None;
-        wait(running_reason, message, Some(Duration::from_millis(500)))
+        Halt::Wait(Wait {
+            reason: running_reason.into(),
+            message,
+            delay: Some(Duration::from_millis(500)),
+            task_started: true,
+        })
     }
 
     /// Finds the machine's VM, or clones it. Returns only a VM that is in
@@ -1106,7 +1236,7 @@ impl Run<'_> {
                 template.vmid, template.node
             ),
         ));
-        self.persist().await?;
+        self.persist_at_version().await?;
 
         let mut params = CloneParams::new(vmid)
             .name(self.name.clone())
@@ -1283,11 +1413,10 @@ impl Run<'_> {
         }
         let volid = format!("{storage}:iso/{file}");
         let slot = match decide::seed_drive(&vm.config, &volid) {
+            // Recorded with the next write (a restart finds it attached
+            // again).
             SeedDrive::Attached(_) => {
-                if self.status.bootstrap_data_provided != Some(true) {
-                    self.status.bootstrap_data_provided = Some(true);
-                    self.persist().await?;
-                }
+                self.status.bootstrap_data_provided = Some(true);
                 return Ok(());
             }
             SeedDrive::Attach(slot) => slot,
