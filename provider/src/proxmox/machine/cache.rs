@@ -74,6 +74,7 @@ pub struct Caches {
     known: Mutex<HashMap<String, Known>>,
     distrusted: Mutex<HashSet<String>>,
     created_claims: Mutex<HashMap<String, Instant>>,
+    vm_checks: Mutex<HashMap<String, (Option<i64>, Instant)>>,
     vmids: Mutex<HashMap<u32, String>>,
     pools: Mutex<HashMap<String, (Instant, Pool)>>,
 }
@@ -101,6 +102,7 @@ impl Caches {
             known: Mutex::default(),
             distrusted: Mutex::default(),
             created_claims: Mutex::default(),
+            vm_checks: Mutex::default(),
             vmids: Mutex::default(),
             pools: Mutex::default(),
         }
@@ -246,9 +248,29 @@ impl Caches {
             .insert(uid.to_string());
     }
 
+    /// Remembers that machine `uid` at `generation` was found provisioned
+    /// and its VM running just now.
+    pub fn checked_vm(&self, uid: &str, generation: Option<i64>) {
+        self.vm_checks
+            .lock()
+            .expect("VM checks")
+            .insert(uid.to_string(), (generation, Instant::now()));
+    }
+
+    /// How long ago machine `uid`'s VM was last found running, if its spec
+    /// is still at the generation it was then.
+    pub fn vm_checked_since(&self, uid: &str, generation: Option<i64>) -> Option<Duration> {
+        let checks = self.vm_checks.lock().expect("VM checks");
+        checks
+            .get(uid)
+            .filter(|(checked, _)| *checked == generation)
+            .map(|(_, at)| at.elapsed())
+    }
+
     /// Forgets a machine that is gone.
     pub fn forget(&self, uid: &str) {
         self.known.lock().expect("known versions").remove(uid);
+        self.vm_checks.lock().expect("VM checks").remove(uid);
         self.distrusted
             .lock()
             .expect("distrusted machines")
@@ -401,6 +423,17 @@ mod tests {
             caches.freshness(&with_vmid(machine("u1", "9"), 101)),
             Freshness::Stale
         );
+    }
+
+    #[test]
+    fn a_vm_check_answers_only_for_the_spec_it_was_made_for() {
+        let caches = caches();
+        assert_eq!(caches.vm_checked_since("u1", Some(1)), None);
+        caches.checked_vm("u1", Some(1));
+        assert!(caches.vm_checked_since("u1", Some(1)).unwrap() < Duration::from_secs(5));
+        assert_eq!(caches.vm_checked_since("u1", Some(2)), None, "spec changed");
+        caches.forget("u1");
+        assert_eq!(caches.vm_checked_since("u1", Some(1)), None);
     }
 
     /// PVE's `nextid` answers the same ID to concurrent callers; the

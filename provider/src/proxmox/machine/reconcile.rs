@@ -44,6 +44,9 @@ use crate::runtime::{self, ReconcileError};
 
 /// How often a provisioned machine is looked at without any event.
 const RESYNC: Duration = Duration::from_secs(300);
+/// How long the look at a provisioned machine's VM answers for it when the
+/// machine is woken by something else (see [`Run::checked_a_moment_ago`]).
+const VM_CHECK_HOLDS: Duration = Duration::from_secs(30);
 /// How soon a machine looks again while PVE works (tasks, booting guests).
 const POLL: Duration = Duration::from_secs(2);
 /// How long to wait before retrying what a human has to fix.
@@ -677,6 +680,9 @@ impl Run<'_> {
         let Some(gates) = self.gates().await? else {
             return Ok(Action::await_change());
         };
+        if let Some(next_look) = self.checked_a_moment_ago() {
+            return Ok(Action::requeue(next_look));
+        }
         let client = &gates.client;
         let pxc_name = gates
             .proxmox_cluster
@@ -806,7 +812,32 @@ impl Run<'_> {
             DesiredCondition::true_(READY_CONDITION, reason::PROVISIONED),
         ]);
         self.persist().await?;
+        self.ctx
+            .caches
+            .checked_vm(&self.uid, self.machine.metadata.generation);
         Ok(Action::requeue(RESYNC))
+    }
+
+    /// When the machine is provisioned and ready, its spec unchanged, and
+    /// its VM was looked at less than [`VM_CHECK_HOLDS`] ago: how long until
+    /// the next regular look. Cluster API updates a Machine several times
+    /// while it deletes it (and its owner's changes wake the machine each
+    /// time); the VM's state a few seconds old is as good an answer, and
+    /// asking Proxmox VE again each time cost three calls per wake-up. A
+    /// pause, or the machine's deletion, is still acted on at once.
+    fn checked_a_moment_ago(&self) -> Option<Duration> {
+        if !self.is_provisioned()
+            || !self.status.ready
+            || self.status.vm_status.as_deref() != Some("ready")
+            || self.previous_reason().as_deref() != Some(reason::PROVISIONED)
+        {
+            return None;
+        }
+        let since = self
+            .ctx
+            .caches
+            .vm_checked_since(&self.uid, self.machine.metadata.generation)?;
+        (since < VM_CHECK_HOLDS).then(|| RESYNC.saturating_sub(since))
     }
 
     /// Waits a little for the task recorded in status and records how it
