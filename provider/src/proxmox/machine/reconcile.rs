@@ -421,10 +421,17 @@ impl<'a> Run<'a> {
 /// How many tasks one reconcile starts and sees through at most before it
 /// leaves the rest to the next (a provisioning has six or so).
 const INLINE_STEPS: usize = 8;
+/// How long a reconcile goes on from step to step, and how long one step
+/// may have taken for the next to follow: past either, the state is
+/// written and the machine queued again, so that with a slow hypervisor a
+/// wave's machines take turns (each gets its first status early) instead of
+/// the first few holding every worker for their whole provisioning.
+const INLINE_BUDGET: Duration = Duration::from_secs(2);
+const INLINE_STEP_LIMIT: Duration = Duration::from_millis(500);
 
 /// Provisions step by step. A step that started a task halts; when the
 /// task ends within a moment ([`act::inline_task_wait`]) the next step goes
-/// on in the same reconcile, and the status is written only where the
+/// on in the same reconcile (while PVE answers fast: see [`INLINE_BUDGET`]), and the status is written only where the
 /// machine waits — a task still running (with its UPID, so a restart finds
 /// it), an address, the guest — or is done. What a skipped write would have
 /// said lasted under two seconds; a restart between two steps loses
@@ -436,11 +443,18 @@ pub async fn apply(object: Arc<ProxmoxMachine>, ctx: &MachineContext) -> Result<
         Loaded::Gone => return Ok(Action::await_change()),
         Loaded::Behind(left) => return Ok(Action::requeue(left)),
     };
+    let started = std::time::Instant::now();
     let mut steps = 0;
     loop {
+        let step_started = std::time::Instant::now();
         match run.provision().await {
             Ok(action) => return Ok(action),
-            Err(Halt::Wait(wait)) if wait.task_started && steps < INLINE_STEPS => {
+            Err(Halt::Wait(wait))
+                if wait.task_started
+                    && steps < INLINE_STEPS
+                    && started.elapsed() < INLINE_BUDGET
+                    && step_started.elapsed() < INLINE_STEP_LIMIT =>
+            {
                 steps += 1;
                 run.inline = true;
             }
