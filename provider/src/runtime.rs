@@ -418,23 +418,7 @@ where
     if !uid.is_empty() && written_recently().matches(&uid, fingerprint) {
         return Ok(None);
     }
-    let name = object.meta().name.clone().unwrap_or_default();
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": desired,
-    });
-    let updated = api
-        .patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    if !uid.is_empty() {
-        written_recently().record(uid, fingerprint);
-    }
-    Ok(Some(updated))
+    write_status(api, object, desired, None).await.map(Some)
 }
 
 /// Writes an object's status with server-side apply, on the condition that
@@ -448,13 +432,32 @@ where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
     S: Serialize,
 {
+    let version = object.meta().resource_version.clone();
+    write_status(api, object, desired, Some(version)).await
+}
+
+/// Applies `desired` as the object's status under tenantry's field manager
+/// (with `resourceVersion` as a precondition when given) and remembers the
+/// write for [`apply_status`].
+async fn write_status<K, S>(
+    api: &Api<K>,
+    object: &K,
+    desired: &S,
+    precondition: Option<Option<String>>,
+) -> kube::Result<K>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    S: Serialize,
+{
     let name = object.meta().name.clone().unwrap_or_default();
-    let patch = serde_json::json!({
+    let mut patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
-        "metadata": { "resourceVersion": object.meta().resource_version },
         "status": desired,
     });
+    if let Some(version) = precondition {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": version });
+    }
     let updated = api
         .patch_status(
             &name,
@@ -462,7 +465,7 @@ where
             &Patch::Apply(&patch),
         )
         .await?;
-    if let Some(uid) = object.meta().uid.clone() {
+    if let Some(uid) = object.meta().uid.clone().filter(|u| !u.is_empty()) {
         written_recently().record(uid, status_fingerprint(desired));
     }
     Ok(updated)
