@@ -178,6 +178,21 @@ impl ManagerConfig {
         )
     }
 
+    /// The settings of a controller that bounds its reconciles with
+    /// [`Turns`] instead: its runner starts every due reconcile at once,
+    /// and each waits for its turn before it does anything.
+    pub fn controller_config_taking_turns(&self) -> kube::runtime::controller::Config {
+        kube::runtime::controller::Config::default()
+    }
+
+    /// The turns of one controller, as many at once as its bound allows.
+    pub fn turns(&self) -> Turns {
+        Turns::new(
+            self.max_concurrent_reconciles
+                .unwrap_or(DEFAULT_MAX_CONCURRENT_RECONCILES),
+        )
+    }
+
     /// A watcher configuration honouring the watch filter.
     pub fn watcher_config(&self) -> kube::runtime::watcher::Config {
         let config = watch_config().any_semantic();
@@ -198,6 +213,39 @@ impl ManagerConfig {
         match &self.namespace {
             Some(namespace) => Api::namespaced(client.clone(), namespace),
             None => Api::all(client.clone()),
+        }
+    }
+}
+
+/// Turns for a controller's reconciles, given first come, first served.
+///
+/// kube's runner bounds concurrency itself, but while every slot is busy it
+/// parks the objects that fall due in a hash set and takes them out in hash
+/// order: under a steady load (a wave of machines on a slow hypervisor)
+/// some objects wait again and again while others get turn after turn — a
+/// machine went 25 s without its first reconcile while others had ten. A
+/// controller whose runner is unbounded and whose reconciles take a turn
+/// here first keeps the bound and serves objects in the order they fell
+/// due (tokio's semaphore is fair).
+pub struct Turns {
+    /// `None`: no bound.
+    semaphore: Option<tokio::sync::Semaphore>,
+}
+
+impl Turns {
+    /// `limit` reconciles at once; 0 for no bound.
+    pub fn new(limit: u16) -> Self {
+        Self {
+            semaphore: (limit > 0).then(|| tokio::sync::Semaphore::new(usize::from(limit))),
+        }
+    }
+
+    /// Waits for a turn; it lasts as long as the returned guard.
+    pub async fn take(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match &self.semaphore {
+            // Never closed, so acquiring cannot fail.
+            Some(semaphore) => semaphore.acquire().await.ok(),
+            None => None,
         }
     }
 }

@@ -18,7 +18,7 @@ use super::reconcile::{self, Error};
 use crate::capi::stores::CapiStores;
 use crate::capi::{Cluster, Machine};
 use crate::proxmox::credentials::ClientCache;
-use crate::runtime::{self, Context};
+use crate::runtime::{self, Context, Turns};
 
 /// What ProxmoxMachine reconciles share.
 pub struct MachineContext {
@@ -29,6 +29,8 @@ pub struct MachineContext {
     pub machines: Store<ProxmoxMachine>,
     /// What reconciles read from memory instead of asking again.
     pub caches: Caches,
+    /// The bound on reconciles at once, served in order (see [`Turns`]).
+    pub turns: Turns,
 }
 
 /// How long a machine's triggers are gathered before it is reconciled.
@@ -96,6 +98,7 @@ pub async fn run(base: Arc<Context>) {
         address_writer,
     );
     let ctx = Arc::new(MachineContext {
+        turns: config.turns(),
         base,
         clients: ClientCache::default(),
         machines: store.clone(),
@@ -115,7 +118,7 @@ pub async fn run(base: Arc<Context>) {
         // A clone, its configuration and the boot are bursts of status and
         // claim changes; one reconcile after a burst sees what one per
         // change would, for a fraction of the requests.
-        .with_config(config.controller_config().debounce(DEBOUNCE))
+        .with_config(config.controller_config_taking_turns().debounce(DEBOUNCE))
         .watches_stream(claim_stream, |claim| {
             let labels = claim.metadata.labels.as_ref()?;
             Some(
@@ -168,14 +171,27 @@ async fn reconcile_machine(
     machine: Arc<ProxmoxMachine>,
     ctx: Arc<MachineContext>,
 ) -> Result<Action, Error> {
+    let _turn = ctx.turns.take().await;
+    // The machine as it is now: it may have changed during the wait.
+    let Some(machine) = ctx.machines.get(&ObjectRef::from_obj(machine.as_ref())) else {
+        return Ok(Action::await_change());
+    };
+    // Boxed: a reconcile waiting for its turn holds only this much.
+    Box::pin(reconcile_in_turn(machine, &ctx)).await
+}
+
+async fn reconcile_in_turn(
+    machine: Arc<ProxmoxMachine>,
+    ctx: &MachineContext,
+) -> Result<Action, Error> {
     runtime::reconcile_with_finalizer(
         &ctx.base,
         machine,
         PROXMOX_MACHINE_FINALIZER,
         |event| async {
             match event {
-                Finalizer::Apply(machine) => reconcile::apply(machine, &ctx).await,
-                Finalizer::Cleanup(machine) => reconcile::cleanup(machine, &ctx).await,
+                Finalizer::Apply(machine) => reconcile::apply(machine, ctx).await,
+                Finalizer::Cleanup(machine) => reconcile::cleanup(machine, ctx).await,
             }
         },
     )

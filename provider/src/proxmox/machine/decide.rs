@@ -49,6 +49,8 @@ pub mod reason {
     pub const STORAGE_OUTSIDE_POOL: &str = "StorageOutsidePool";
     /// The PVE API did not answer, or answered "busy": retried with backoff.
     pub const PROXMOX_UNAVAILABLE: &str = "ProxmoxUnavailable";
+    pub const PROXMOX_REQUEST_FAILED: &str = "ProxmoxRequestFailed";
+    pub const WAITING_FOR_TURN: &str = "WaitingForProvisioningTurn";
     pub const CLONING: &str = "Cloning";
     pub const CLONING_FAILED: &str = "CloningFailed";
     pub const VM_OUTSIDE_POOL: &str = "VMOutsidePool";
@@ -996,6 +998,18 @@ pub fn waiting(reason: &str, message: impl Into<String>) -> [DesiredCondition; 2
     ]
 }
 
+/// The `Ready` reason of a machine backing off after a PVE error that no
+/// step turned into a reason of its own: the API being unavailable (what
+/// settles by itself, and a bare 5xx), or a request it refused.
+pub fn backoff_reason(error: &crate::proxmox::client::ProxmoxError) -> &'static str {
+    use crate::proxmox::client::ProxmoxError;
+    match error {
+        ProxmoxError::Rejected { status, .. } if *status >= 500 => reason::PROXMOX_UNAVAILABLE,
+        error if error.is_transient() => reason::PROXMOX_UNAVAILABLE,
+        _ => reason::PROXMOX_REQUEST_FAILED,
+    }
+}
+
 /// Reasons that deserve a Warning event when a machine first reports them.
 pub fn is_failure(reason: &str) -> bool {
     matches!(
@@ -1019,6 +1033,7 @@ pub fn is_failure(reason: &str) -> bool {
             | reason::VM_NOT_RUNNING
             | reason::DELETION_FAILED
             | reason::TASK_FAILED
+            | reason::PROXMOX_REQUEST_FAILED
             | reason::BOOTSTRAP_DATA_SECRET_MISSING
             | reason::PROXMOX_CLUSTER_NOT_FOUND
     ) || reason.starts_with("Credentials")
@@ -1043,6 +1058,33 @@ mod tests {
 
     fn config(value: serde_json::Value) -> VmConfig {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_backoff_names_an_unavailable_api_or_the_refused_request() {
+        use crate::proxmox::client::ProxmoxError;
+        let bare_500 = ProxmoxError::Rejected {
+            status: 500,
+            message: "Internal Server Error".into(),
+        };
+        let unavailable = ProxmoxError::Unavailable {
+            status: 503,
+            message: "Service Unavailable".into(),
+        };
+        let refused = ProxmoxError::Rejected {
+            status: 400,
+            message: "shrinking disks is not supported".into(),
+        };
+        let missing = ProxmoxError::NotFound {
+            message: "no such pool".into(),
+        };
+        assert_eq!(backoff_reason(&bare_500), reason::PROXMOX_UNAVAILABLE);
+        assert_eq!(backoff_reason(&unavailable), reason::PROXMOX_UNAVAILABLE);
+        assert_eq!(backoff_reason(&refused), reason::PROXMOX_REQUEST_FAILED);
+        assert_eq!(backoff_reason(&missing), reason::PROXMOX_REQUEST_FAILED);
+        assert!(is_failure(reason::PROXMOX_REQUEST_FAILED));
+        assert!(!is_failure(reason::PROXMOX_UNAVAILABLE));
+        assert!(!is_failure(reason::WAITING_FOR_TURN));
     }
 
     fn resources(value: serde_json::Value) -> Vec<ClusterResource> {

@@ -55,6 +55,9 @@ const HUMAN_RETRY: Duration = Duration::from_secs(60);
 const REFUSED_RETRY: Duration = Duration::from_secs(300);
 /// No new task for a machine this long after one failed (`status.retryAfter`).
 const FAILED_TASK_PAUSE: Duration = Duration::from_secs(15);
+/// A machine this old that has said nothing yet says that it waits for
+/// its turn before its first call to PVE (see [`Run::first_word`]).
+const SILENT_AT_MOST: Duration = Duration::from_secs(3);
 /// How many VM IDs are probed for a free one per reconcile.
 const VMID_PROBES: usize = 20;
 const MIB: u64 = 1 << 20;
@@ -347,23 +350,22 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// A transient Proxmox error backs off without a condition of its own
-    /// step; until the machine is provisioned, `Ready` says that the PVE
-    /// API is what it waits for, so the backoff is not only in the logs. A
-    /// provisioned machine keeps its `Ready`: its VM runs whatever the API
-    /// answers for a moment. Written once per outage, not per failed try:
-    /// a status write triggers the next reconcile at once, which would
-    /// undo the backoff.
+    /// A Proxmox error that is not a step's own refusal (a transient one,
+    /// or a bare 5xx while reading what a step needs) backs off without a
+    /// condition of its own step; until the machine is provisioned, `Ready`
+    /// says what the PVE API answered, so the backoff is not only in the
+    /// logs. A provisioned machine keeps its `Ready`: its VM runs whatever
+    /// the API answers for a moment. Written once per outage, not per
+    /// failed try: a status write triggers the next reconcile at once,
+    /// which would undo the backoff.
     async fn report_backoff(&mut self, error: &Error) {
         let Error::Proxmox(pve) = error else { return };
-        if !pve.is_transient()
-            || self.is_provisioned()
-            || self.previous_reason().as_deref() == Some(reason::PROXMOX_UNAVAILABLE)
-        {
+        let shown = decide::backoff_reason(pve);
+        if self.is_provisioned() || self.previous_reason().as_deref() == Some(shown) {
             return;
         }
         let wait = Wait {
-            reason: reason::PROXMOX_UNAVAILABLE.into(),
+            reason: shown.into(),
             message: format!("Proxmox VE API: {pve}; retrying with backoff"),
             delay: None,
             task_started: false,
@@ -718,6 +720,7 @@ impl Run<'_> {
             &plans,
         )
         .await?;
+        self.first_word()?;
 
         self.settle_task(client).await?;
         let (vm, pool_storages) = self.resolve_vm(client, &gates).await?;
@@ -852,6 +855,44 @@ impl Run<'_> {
             .caches
             .vm_checked_since(&self.uid, self.machine.metadata.generation)?;
         (since < VM_CHECK_HOLDS).then(|| RESYNC.saturating_sub(since))
+    }
+
+    /// A machine that has waited for its first reconcile (a wave longer than
+    /// the workers, each reconcile slowed by PVE) says so before it asks PVE
+    /// anything, and goes to the back of the queue: every machine of a wave
+    /// gets a `Ready` within moments, instead of the last ones staying
+    /// silent while those ahead of them work through a slow hypervisor. It
+    /// costs one write, only to a machine that was not reached within
+    /// [`SILENT_AT_MOST`]; its address claims are already made, so the
+    /// IPAM provider works meanwhile.
+    fn first_word(&self) -> Result<(), Halt> {
+        if self.inline || self.previous_reason().is_some() || self.is_provisioned() {
+            return Ok(());
+        }
+        let Some(created) = &self.machine.metadata.creation_timestamp else {
+            return Ok(());
+        };
+        let age = Timestamp::now().duration_since(created.0);
+        if age < SignedDuration::try_from(SILENT_AT_MOST).unwrap_or_default() {
+            return Ok(());
+        }
+        let busy = match self
+            .ctx
+            .base
+            .config
+            .max_concurrent_reconciles
+            .unwrap_or(runtime::DEFAULT_MAX_CONCURRENT_RECONCILES)
+        {
+            0 => "the manager is busy with other machines".to_string(),
+            workers => format!(
+                "the manager works on {workers} machines at a time (--max-concurrent-reconciles)"
+            ),
+        };
+        Err(wait(
+            reason::WAITING_FOR_TURN,
+            format!("ready to provision, waiting for its turn: {busy}"),
+            Some(Duration::ZERO),
+        ))
     }
 
     /// Waits a little for the task recorded in status and records how it
