@@ -172,10 +172,13 @@ impl ManagerConfig {
 
     /// The settings every controller of this manager runs with.
     pub fn controller_config(&self) -> kube::runtime::controller::Config {
-        kube::runtime::controller::Config::default().concurrency(
-            self.max_concurrent_reconciles
-                .unwrap_or(DEFAULT_MAX_CONCURRENT_RECONCILES),
-        )
+        kube::runtime::controller::Config::default().concurrency(self.reconcile_bound())
+    }
+
+    /// How many objects one controller reconciles at once; 0: no bound.
+    pub fn reconcile_bound(&self) -> u16 {
+        self.max_concurrent_reconciles
+            .unwrap_or(DEFAULT_MAX_CONCURRENT_RECONCILES)
     }
 
     /// The settings of a controller that bounds its reconciles with
@@ -187,10 +190,7 @@ impl ManagerConfig {
 
     /// The turns of one controller, as many at once as its bound allows.
     pub fn turns(&self) -> Turns {
-        Turns::new(
-            self.max_concurrent_reconciles
-                .unwrap_or(DEFAULT_MAX_CONCURRENT_RECONCILES),
-        )
+        Turns::new(self.reconcile_bound())
     }
 
     /// A watcher configuration honouring the watch filter.

@@ -49,7 +49,9 @@ pub mod reason {
     pub const STORAGE_OUTSIDE_POOL: &str = "StorageOutsidePool";
     /// The PVE API did not answer, or answered "busy": retried with backoff.
     pub const PROXMOX_UNAVAILABLE: &str = "ProxmoxUnavailable";
+    /// PVE refused a request no step names a reason for: retried with backoff.
     pub const PROXMOX_REQUEST_FAILED: &str = "ProxmoxRequestFailed";
+    /// Ready to provision; waiting for one of the manager's reconciles.
     pub const WAITING_FOR_TURN: &str = "WaitingForProvisioningTurn";
     pub const CLONING: &str = "Cloning";
     pub const CLONING_FAILED: &str = "CloningFailed";

@@ -433,9 +433,10 @@ const INLINE_STEP_LIMIT: Duration = Duration::from_millis(500);
 
 /// Provisions step by step. A step that started a task halts; when the
 /// task ends within a moment ([`act::inline_task_wait`]) the next step goes
-/// on in the same reconcile (while PVE answers fast: see [`INLINE_BUDGET`]), and the status is written only where the
-/// machine waits — a task still running (with its UPID, so a restart finds
-/// it), an address, the guest — or is done. What a skipped write would have
+/// on in the same reconcile (while PVE answers fast: see [`INLINE_BUDGET`]),
+/// and the status is written only where the machine waits — a task still
+/// running (with its UPID, so a restart finds it), an address, the guest —
+/// or is done. What a skipped write would have
 /// said lasted under two seconds; a restart between two steps loses
 /// nothing, as every step is judged from the VM's own state and the one
 /// irreversible step, the clone, is recorded before it is asked for.
@@ -876,13 +877,7 @@ impl Run<'_> {
         if age < SignedDuration::try_from(SILENT_AT_MOST).unwrap_or_default() {
             return Ok(());
         }
-        let busy = match self
-            .ctx
-            .base
-            .config
-            .max_concurrent_reconciles
-            .unwrap_or(runtime::DEFAULT_MAX_CONCURRENT_RECONCILES)
-        {
+        let busy = match self.ctx.base.config.reconcile_bound() {
             0 => "the manager is busy with other machines".to_string(),
             workers => format!(
                 "the manager works on {workers} machines at a time (--max-concurrent-reconciles)"
