@@ -29,9 +29,10 @@ use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::proxmox::{
     ApiToken, ClusterSnapshot, DropMode, PveSimConfig, RequestMatch, Trigger, VmPower, VmSnapshot,
 };
-use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
 use tenantry_provider::proxmox::client::ProxmoxError;
+use tenantry_provider::runtime::ManagerConfig;
 
 const DEADLINE: Duration = Duration::from_secs(180);
 const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
@@ -44,6 +45,7 @@ type Pve = PveLab;
 fn sim_config() -> PveSimConfig {
     lab_config(&[
         "tenant-a", "tenant-b", "no-clone", "no-space", "broad", "flaky", "restart", "crowd",
+        "queue",
     ])
 }
 
@@ -65,6 +67,14 @@ struct World {
     control_plane: ControlPlane,
 }
 
+/// How tenantry runs in a [`World`].
+enum Manager {
+    /// Controllers only, with these settings.
+    Plain(ManagerConfig),
+    /// Controllers and admission webhooks, registered with the apiserver.
+    WithWebhooks,
+}
+
 /// One tenant's cluster: namespace, credentials, Cluster and ProxmoxCluster.
 struct Tenant {
     namespace: String,
@@ -73,15 +83,24 @@ struct Tenant {
 
 impl World {
     async fn start() -> Self {
-        Self::start_with(sim_config(), false).await
+        Self::start_with(sim_config(), Manager::Plain(out_of_cluster())).await
     }
 
     /// With tenantry's admission webhooks served and registered.
     async fn start_with_webhooks() -> Self {
-        Self::start_with(sim_config(), true).await
+        Self::start_with(sim_config(), Manager::WithWebhooks).await
     }
 
-    async fn start_with(config: PveSimConfig, webhooks: bool) -> Self {
+    /// With tenantry working on at most `bound` machines at once.
+    async fn start_with_reconcile_bound(bound: u16) -> Self {
+        let config = ManagerConfig {
+            max_concurrent_reconciles: Some(bound),
+            ..out_of_cluster()
+        };
+        Self::start_with(sim_config(), Manager::Plain(config)).await
+    }
+
+    async fn start_with(config: PveSimConfig, manager: Manager) -> Self {
         captured_logs();
         let control_plane = ControlPlane::start_with(ControlPlaneOptions {
             name: "management".into(),
@@ -100,12 +119,11 @@ impl World {
             .await
             .expect("start the in-cluster IPAM provider");
         let pve = Pve::start(config).await;
-        let tenantry = if webhooks {
-            TenantryManager::start_with_webhooks(&control_plane)
+        let tenantry = match manager {
+            Manager::WithWebhooks => TenantryManager::start_with_webhooks(&control_plane)
                 .await
-                .expect("start tenantry with webhooks")
-        } else {
-            TenantryManager::start(client)
+                .expect("start tenantry with webhooks"),
+            Manager::Plain(config) => TenantryManager::start_with(client, config),
         };
         Self {
             tenantry,
@@ -1358,4 +1376,88 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
         !snapshot.volumes.iter().any(|v| v.storage == "crowd-disks"),
         "no disk left"
     );
+}
+
+/// Machines that arrive while every reconcile slot is busy with slow clones
+/// get their turn in the order they came: each has said where it stands (a
+/// `Ready` condition) before any machine ahead of it is provisioned, and
+/// all end provisioned with one VM each. Kube's runner, saturated, served
+/// waiting machines in hash order, so a newcomer could stay without a word
+/// until the machines ahead of it were done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn machines_arriving_while_every_slot_is_busy_take_turns_in_order() {
+    let world = World::start_with_reconcile_bound(2).await;
+    let tenant = world.tenant("queue", 9, &[], false).await;
+    world
+        .wait_cluster(&tenant, "provisioned", |c| {
+            c.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+    let faults = world.pve.sim.faults();
+    faults.latency(
+        RequestMatch::everything(),
+        Duration::from_millis(100),
+        Trigger::Always,
+    );
+    faults.slow_tasks("qmclone", Duration::from_secs(10), Trigger::Always);
+    let worker = || {
+        let mut spec = worker_spec("queue");
+        spec["numCores"] = json!(1);
+        spec["memoryMiB"] = json!(1024);
+        spec
+    };
+    let early: Vec<String> = (1..=6).map(|i| format!("early-{i}")).collect();
+    for name in &early {
+        world.create_worker(&tenant, name, worker()).await;
+    }
+    // Both slots busy: clones run, and a reconcile waits on its clone.
+    wait::until("two early machines cloning", DEADLINE, || {
+        let sim = &world.pve.sim;
+        async move { Ok((guests(&sim.snapshot()).len() >= 2).then_some(())) }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let late: Vec<String> = (1..=6).map(|i| format!("late-{i}")).collect();
+    for name in &late {
+        world.create_worker(&tenant, name, worker()).await;
+    }
+
+    // Look until the first machine is provisioned; by then none is silent.
+    let api = world.api::<ProxmoxMachine>(&tenant.namespace);
+    let silent_at_first_provisioned =
+        wait::until("the first machine provisioned", DEADLINE, || {
+            let api = api.clone();
+            async move {
+                let machines = api.list(&ListParams::default()).await?.items;
+                if !machines.iter().any(is_provisioned) {
+                    return Ok(None);
+                }
+                let silent: Vec<String> = machines
+                    .iter()
+                    .filter(|m| condition(m, "Ready").is_none())
+                    .map(|m| m.name_any())
+                    .collect();
+                Ok(Some(silent))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    assert!(
+        silent_at_first_provisioned.is_empty(),
+        "machines without a word when the first was provisioned: {silent_at_first_provisioned:?}"
+    );
+
+    let names: Vec<String> = early.into_iter().chain(late).collect();
+    let machines = world.wait_provisioned(&tenant, &names).await;
+    let snapshot = world.pve.sim.snapshot();
+    assert_eq!(
+        snapshot.pool("queue").unwrap().vms.len(),
+        names.len(),
+        "one VM per machine"
+    );
+    for machine in &machines {
+        let vm = snapshot.vm(vmid_of(machine)).expect("the machine's VM");
+        assert_eq!(vm.name, machine.name_any());
+        assert_eq!(vm.power, VmPower::Running);
+    }
 }
