@@ -436,10 +436,10 @@ const INLINE_STEP_LIMIT: Duration = Duration::from_millis(500);
 /// on in the same reconcile (while PVE answers fast: see [`INLINE_BUDGET`]),
 /// and the status is written only where the machine waits — a task still
 /// running (with its UPID, so a restart finds it), an address, the guest —
-/// or is done. What a skipped write would have
-/// said lasted under two seconds; a restart between two steps loses
-/// nothing, as every step is judged from the VM's own state and the one
-/// irreversible step, the clone, is recorded before it is asked for.
+/// or is done. What a skipped write would have said lasted under two
+/// seconds; a restart between two steps loses nothing, as every step is
+/// judged from the VM's own state and the one irreversible step, the clone,
+/// is recorded before it is asked for.
 pub async fn apply(object: Arc<ProxmoxMachine>, ctx: &MachineContext) -> Result<Action, Error> {
     let mut run = match Run::load(ctx, &object, Unwritten::Trust).await? {
         Loaded::Run(run) => run,
