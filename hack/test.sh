@@ -16,6 +16,14 @@ before="$(harness_pids)"
 section "upstream binaries"
 hack/upstream/build.sh
 
+section "tenantry image (linux/amd64)"
+# The deployed-manager tests run the manager from its image, as a cluster
+# does; the release builds linux/arm64 too (hack/release.sh).
+hack/image.sh --platforms linux/amd64
+
+section "lint workflows (actionlint)"
+"$upstream/bin/actionlint" .github/workflows/*.yaml
+
 section "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -9,6 +9,7 @@
 pub mod contract;
 pub mod crds;
 pub mod generated;
+pub mod image_reference;
 pub mod kubevirt;
 pub mod proxmox;
 pub mod remediation;

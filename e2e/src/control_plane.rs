@@ -53,6 +53,22 @@ pub struct ControlPlaneOptions {
     /// `127.0.0.1`, `localhost` and the `kubernetes.default…` names: the
     /// in-cluster Service names a hosted control plane answers to.
     pub extra_serving_names: Vec<String>,
+    /// Run pods (`crate::pod_runner`): the apiserver also listens on the
+    /// node's address, admits pods with their ServiceAccount's token
+    /// volume, routes webhook and aggregated calls to Service endpoints;
+    /// kube-controller-manager also runs the Deployment, ReplicaSet,
+    /// EndpointSlice and root CA publisher controllers; kube-scheduler runs.
+    pub pods: Option<PodSupport>,
+}
+
+/// What a control plane that runs pods needs to know of the node network.
+#[derive(Clone, Debug)]
+pub struct PodSupport {
+    /// The node's address, where pods reach the apiserver.
+    pub node_ip: std::net::Ipv4Addr,
+    /// The Services' ClusterIP range (distinct per node network, so that
+    /// parallel clusters' Service addresses never collide on this machine).
+    pub service_cidr: String,
 }
 
 impl Default for ControlPlaneOptions {
@@ -64,6 +80,7 @@ impl Default for ControlPlaneOptions {
             extra_apiserver_args: Vec::new(),
             apiserver_binary: Binary::KubeApiserver,
             extra_serving_names: Vec::new(),
+            pods: None,
         }
     }
 }
@@ -73,6 +90,7 @@ impl Default for ControlPlaneOptions {
 pub struct ControlPlane {
     name: String,
     // Declared before `dir` so processes stop before their files go.
+    scheduler: Option<ManagedProcess>,
     controller_manager: Option<ManagedProcess>,
     apiserver: ManagedProcess,
     etcd: ManagedProcess,
@@ -151,6 +169,8 @@ impl ControlPlane {
             "kubernetes.default.svc.cluster.local",
         ];
         serving_names.extend(options.extra_serving_names.iter().map(String::as_str));
+        let node_ip = options.pods.as_ref().map(|p| p.node_ip.to_string());
+        serving_names.extend(node_ip.as_deref());
         let serving = ca.issue_server("kube-apiserver", &serving_names)?;
         let (serving_cert, serving_key) = serving.write(&pki, "apiserver")?;
         let admin = ca.issue_client(ADMIN_USER, &["system:masters"])?;
@@ -193,10 +213,15 @@ impl ControlPlane {
         )?;
 
         let mut apiserver_cmd = Command::new(upstream.binary(options.apiserver_binary)?);
+        let (bind_address, advertise_address) = match &node_ip {
+            // Pods reach it on the node's address, tests on loopback.
+            Some(node_ip) => ("0.0.0.0", node_ip.as_str()),
+            None => ("127.0.0.1", "127.0.0.1"),
+        };
         let mut apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client_port}"),
-            "--bind-address=127.0.0.1".to_string(),
-            "--advertise-address=127.0.0.1".to_string(),
+            format!("--bind-address={bind_address}"),
+            format!("--advertise-address={advertise_address}"),
             format!("--secure-port={apiserver_port}"),
             format!("--cert-dir={}", root.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", serving_cert.display()),
@@ -208,17 +233,32 @@ impl ControlPlane {
                 "--service-account-signing-key-file={}",
                 sa_private.display()
             ),
-            "--service-cluster-ip-range=10.96.0.0/16".to_string(),
+            format!(
+                "--service-cluster-ip-range={}",
+                options
+                    .pods
+                    .as_ref()
+                    .map_or("10.96.0.0/16", |p| p.service_cidr.as_str())
+            ),
             "--authorization-mode=RBAC".to_string(),
             "--allow-privileged=true".to_string(),
-            // No token controller runs the default ServiceAccount into
-            // namespaces, which this admission plugin would wait for.
-            "--disable-admission-plugins=ServiceAccount".to_string(),
             // The `kubernetes` Service endpoint would be 127.0.0.1, which
-            // Endpoints validation refuses; nothing here needs it.
+            // Endpoints validation refuses; pods are told the node address
+            // directly (KUBERNETES_SERVICE_HOST).
             "--endpoint-reconciler-type=none".to_string(),
             "--profiling=false".to_string(),
         ];
+        if options.pods.is_some() {
+            // Webhooks and aggregated APIs behind a Service are called on
+            // an endpoint's address: nothing here routes ClusterIPs for the
+            // apiserver, as kube-proxy would on a node.
+            apiserver_args.push("--enable-aggregator-routing=true".to_string());
+        } else {
+            // Without pods no ServiceAccount token volume is needed, and
+            // the admission plugin would refuse pods of namespaces whose
+            // default ServiceAccount was not made yet.
+            apiserver_args.push("--disable-admission-plugins=ServiceAccount".to_string());
+        }
         apiserver_args.extend(options.extra_apiserver_args.iter().cloned());
         apiserver_cmd.args(&apiserver_args);
         let apiserver_log = root.join("kube-apiserver.log");
@@ -276,6 +316,19 @@ impl ControlPlane {
         let controller_manager = if options.controller_manager {
             let mut cmd = Command::new(upstream.binary(Binary::KubeControllerManager)?);
             let mut controllers = "garbagecollector,namespace,serviceaccount".to_string();
+            if options.pods.is_some() {
+                // What turns a Deployment into pods and a Service into the
+                // endpoints the apiserver calls webhooks on, publishes
+                // kube-root-ca.crt for the pods' token volumes, and lifts
+                // the not-ready taint the apiserver puts on a new Node.
+                controllers.push_str(
+                    ",deployment-controller,replicaset-controller,endpointslice-controller,root-ca-certificate-publisher-controller",
+                );
+                if options.node_monitor_grace_period.is_none() {
+                    controllers.push_str(",node-lifecycle-controller");
+                }
+                cmd.arg(format!("--root-ca-file={}", ca_path.display()));
+            }
             if let Some(grace) = options.node_monitor_grace_period {
                 controllers.push_str(",nodelifecycle");
                 cmd.args([
@@ -301,8 +354,26 @@ impl ControlPlane {
             None
         };
 
+        let scheduler = if options.pods.is_some() {
+            let mut cmd = Command::new(upstream.binary(Binary::KubeScheduler)?);
+            cmd.args([
+                format!("--kubeconfig={}", kubeconfig_path.display()),
+                "--leader-elect=false".to_string(),
+                format!("--secure-port={}", free_port()?),
+                "--bind-address=127.0.0.1".to_string(),
+            ]);
+            Some(ManagedProcess::spawn(
+                &format!("{}/kube-scheduler", options.name),
+                cmd,
+                &root.join("kube-scheduler.log"),
+            )?)
+        } else {
+            None
+        };
+
         Ok(Self {
             name: options.name.clone(),
+            scheduler,
             controller_manager,
             apiserver,
             etcd,
@@ -357,6 +428,16 @@ impl ControlPlane {
         &self.server_url
     }
 
+    /// The apiserver's port (on loopback, and on the node address when it
+    /// runs pods).
+    pub fn port(&self) -> u16 {
+        self.server_url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("server URL ends with its port")
+    }
+
     /// The CA that signed the apiserver's serving certificate; it also
     /// issues webhook serving certificates for processes of this control plane.
     pub fn ca(&self) -> &CertificateAuthority {
@@ -380,6 +461,7 @@ impl ControlPlane {
     pub fn pids(&self) -> Vec<u32> {
         let mut pids = vec![self.etcd.pid(), self.apiserver.pid()];
         pids.extend(self.controller_manager.as_ref().map(ManagedProcess::pid));
+        pids.extend(self.scheduler.as_ref().map(ManagedProcess::pid));
         pids
     }
 
@@ -473,6 +555,9 @@ impl ControlPlane {
     /// period) in dependency order, then removes the working folder.
     pub fn stop(mut self) {
         let grace = Duration::from_secs(5);
+        if let Some(scheduler) = self.scheduler.as_mut() {
+            scheduler.stop(grace);
+        }
         if let Some(kcm) = self.controller_manager.as_mut() {
             kcm.stop(grace);
         }

@@ -10,12 +10,15 @@
 pub mod bench;
 pub mod chaos;
 pub mod cluster_api;
+pub mod cluster_api_operator;
 pub mod clusterctl;
 pub mod clusterctl_template;
 pub mod control_plane;
 pub mod demo;
+pub mod management;
 pub mod manifests;
 pub mod pki;
+pub mod pod_runner;
 pub mod process;
 pub mod pve_lab;
 pub mod sim;
@@ -24,5 +27,5 @@ pub mod upstream;
 pub mod wait;
 
 pub use cluster_api::{ClusterApiManager, UpstreamManager};
-pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use control_plane::{ControlPlane, ControlPlaneOptions, PodSupport};
 pub use upstream::{Binary, Upstream};

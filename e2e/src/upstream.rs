@@ -22,6 +22,7 @@ pub enum Binary {
     /// planes that ask for it and for upgrades from it.
     KubeApiserverV1_34,
     KubeControllerManager,
+    KubeScheduler,
     Kubectl,
     ClusterApiManager,
     Clusterctl,
@@ -36,6 +37,7 @@ impl Binary {
             Binary::KubeApiserver => "kube-apiserver",
             Binary::KubeApiserverV1_34 => "kube-apiserver-v1.34",
             Binary::KubeControllerManager => "kube-controller-manager",
+            Binary::KubeScheduler => "kube-scheduler",
             Binary::Kubectl => "kubectl",
             Binary::ClusterApiManager => "cluster-api-manager",
             Binary::Clusterctl => "clusterctl",

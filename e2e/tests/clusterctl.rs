@@ -111,7 +111,7 @@ async fn install_template_dependencies(client: &kube::Client) {
 }
 
 #[tokio::test]
-async fn generated_clusters_of_both_flavors_apply_cleanly() {
+async fn generated_clusters_of_every_flavor_and_the_default_apply_cleanly() {
     let control_plane = control_plane("clusterctl-generate").await;
     let client = control_plane.client();
     let capi = ClusterApiManager::start(&control_plane)
@@ -133,10 +133,18 @@ async fn generated_clusters_of_both_flavors_apply_cleanly() {
         ("PROXMOX_POOL", "tenant-a"),
         ("BRIDGE", "vmbr0"),
     ]);
+    // No flavor: the default `cluster-template.yaml`, which is KubeVirt's.
     for (flavor, infrastructure_kind, machine_template_kind) in [
         ("kubevirt", "KubevirtCluster", "KubevirtMachineTemplate"),
         ("proxmox", "ProxmoxCluster", "ProxmoxMachineTemplate"),
+        ("", "KubevirtCluster", "KubevirtMachineTemplate"),
     ] {
+        let flavor_args: &[&str] = if flavor.is_empty() {
+            &[]
+        } else {
+            &["--flavor", flavor]
+        };
+        let flavor = if flavor.is_empty() { "default" } else { flavor };
         let namespace = format!("tenant-{flavor}");
         let name = format!("{flavor}-one");
         tenantry_e2e::manifests::apply_object(
@@ -146,29 +154,26 @@ async fn generated_clusters_of_both_flavors_apply_cleanly() {
         )
         .await
         .expect("create namespace");
+        let infrastructure = clusterctl.infrastructure_provider();
+        let mut args = vec![
+            "generate",
+            "cluster",
+            &name,
+            // With the version: clusterctl takes the version from the
+            // inventory otherwise, and this cluster has no `clusterctl
+            // init` behind it.
+            "--infrastructure",
+            &infrastructure,
+            "--target-namespace",
+            &namespace,
+            "--kubernetes-version",
+            "v1.35.4",
+            "--worker-machine-count",
+            "3",
+        ];
+        args.extend_from_slice(flavor_args);
         let rendered = clusterctl
-            .run(
-                control_plane.kubeconfig_path(),
-                &[
-                    "generate",
-                    "cluster",
-                    &name,
-                    // With the version: clusterctl takes the version from
-                    // the inventory otherwise, and this cluster has no
-                    // `clusterctl init` behind it.
-                    "--infrastructure",
-                    &clusterctl.infrastructure_provider(),
-                    "--flavor",
-                    flavor,
-                    "--target-namespace",
-                    &namespace,
-                    "--kubernetes-version",
-                    "v1.35.4",
-                    "--worker-machine-count",
-                    "3",
-                ],
-                &values,
-            )
+            .run(control_plane.kubeconfig_path(), &args, &values)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"))
             .stdout;

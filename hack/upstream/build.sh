@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream Go programs tenantry's tests run for real (kube-apiserver,
-# kube-controller-manager, kubectl, etcd, the Cluster API core manager,
-# clusterctl, the in-cluster IPAM provider, kustomize) from the pinned
+# kube-controller-manager, kube-scheduler, kubectl, etcd, the Cluster API core manager,
+# clusterctl, the in-cluster IPAM provider, kustomize, actionlint) from the pinned
 # wrapper modules next to this script, into a cache outside the work tree.
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
@@ -121,6 +121,10 @@ main() {
 	fi
 	if sel kubectl; then
 		build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$k8s_version" "$k8s_ldflags"
+	fi
+	# The management cluster of the deployed-manager tests schedules pods.
+	if sel kube-scheduler; then
+		build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$k8s_version" "$k8s_ldflags"
 	fi
 
 	# --- kube-apiserver of the previous minor, for tenant control planes --------
@@ -245,6 +249,43 @@ main() {
 			mv "$ipam_config.partial" "$ipam_config"
 		fi
 		ln -sfn "ipam-in-cluster-$ipam_version/config" "$cache/ipam-in-cluster"
+	fi
+
+	# --- Cluster API Operator ---------------------------------------------------
+	# Installs providers from CoreProvider/InfrastructureProvider/... objects, as
+	# the hosting platform does (e2e/src/cluster_api_operator.rs). Its CRDs and
+	# webhook manifests ship inside the module; they are copied next to the
+	# binary and linked as upstream/cluster-api-operator/{crd,webhook}.
+	operator_module=sigs.k8s.io/cluster-api-operator
+	operator_version="$(version_of cluster-api-operator "$operator_module")"
+	if sel cluster-api-operator; then
+		# What the operator's Makefile stamps (hack/version.sh).
+		operator_ldflags=""
+		operator_major="$(echo "$operator_version" | cut -d. -f1 | tr -d v)"
+		operator_minor="$(echo "$operator_version" | cut -d. -f2)"
+		for key in "gitVersion=$operator_version" "gitMajor=$operator_major" "gitMinor=$operator_minor" \
+			"gitTreeState=clean" "buildDate=$build_date"; do
+			operator_ldflags+=" -X $operator_module/version.$key"
+		done
+		build cluster-api-operator cluster-api-operator "$operator_module/cmd" "$operator_version" "$operator_ldflags"
+		operator_config="$cache/cluster-api-operator-$operator_version/config"
+		if [[ ! -d "$operator_config" ]]; then
+			operator_dir="$(module_dir cluster-api-operator "$operator_module")"
+			rm -rf "$operator_config.partial"
+			mkdir -p "$operator_config.partial"
+			cp -r "$operator_dir/config/crd/bases" "$operator_config.partial/crd"
+			cp -r "$operator_dir/config/webhook" "$operator_config.partial/webhook"
+			chmod -R u+w "$operator_config.partial"
+			mv "$operator_config.partial" "$operator_config"
+		fi
+		ln -sfn "cluster-api-operator-$operator_version/config" "$cache/cluster-api-operator"
+	fi
+
+	# --- actionlint: lints .github/workflows (hack/test.sh) --------------------
+	actionlint_version="$(version_of actionlint github.com/rhysd/actionlint)"
+	if sel actionlint; then
+		build actionlint actionlint github.com/rhysd/actionlint/cmd/actionlint "$actionlint_version" \
+			"-X github.com/rhysd/actionlint.version=$actionlint_version"
 	fi
 
 	# --- Peer providers, for hack/bench.sh only: built when named ------------

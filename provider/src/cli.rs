@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 /// Cluster API infrastructure provider for KubeVirt and Proxmox VE, and the
 /// tenant companion controller for Kamaji control planes.
 #[derive(Parser, Debug)]
-#[command(name = "tenantry", version, about)]
+#[command(name = "tenantry", version = env!("TENANTRY_VERSION_TEXT"), about)]
 struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "TENANTRY_LOG_FORMAT", global = true)]
@@ -45,6 +45,10 @@ enum Command {
         /// Folder to write `infrastructure-components.yaml` and `metadata.yaml` into.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The manager image `TENANTRY_IMAGE` defaults to; a release pins
+        /// it by digest (`<repository>:<tag>@sha256:<digest>`).
+        #[arg(long, default_value = crate::components::DEFAULT_IMAGE)]
+        image: String,
     },
 }
 
@@ -111,7 +115,7 @@ pub fn main() -> anyhow::Result<()> {
     match args.command {
         Command::Run(run) => tokio::runtime::Runtime::new()?.block_on(run_manager(run)),
         Command::Crds { out } => write_crds(out),
-        Command::Components { out } => write_components(out),
+        Command::Components { out, image } => write_components(out, &image),
     }
 }
 
@@ -146,18 +150,9 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         }),
         tenant_kubeconfig_key: Some(args.tenant_kubeconfig_key),
         max_concurrent_reconciles: Some(args.max_concurrent_reconciles),
+        readiness: Default::default(),
     };
-    let health = axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .route("/readyz", axum::routing::get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(args.health_addr)
-        .await
-        .with_context(|| format!("listen on {}", args.health_addr))?;
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, health).await {
-            tracing::error!(%error, "health endpoints stopped");
-        }
-    });
+    let health = crate::health::serve(args.health_addr, config.readiness.clone());
     let election = args
         .leader_elect
         .then(|| -> anyhow::Result<LeaderElectionConfig> {
@@ -182,7 +177,10 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
             Ok(election)
         })
         .transpose()?;
-    crate::manager::run_elected(client, config, election).await?;
+    tokio::select! {
+        result = crate::manager::run_elected(client, config, election) => result?,
+        result = health => result?,
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -203,16 +201,17 @@ fn write_crds(out: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_components(out: Option<PathBuf>) -> anyhow::Result<()> {
+fn write_components(out: Option<PathBuf>, image: &str) -> anyhow::Result<()> {
     use crate::components;
+    tenantry_api::image_reference::check_image_reference(image)?;
     match out {
-        None => print!("{}", components::infrastructure_components_yaml()),
+        None => print!("{}", components::infrastructure_components_yaml_for(image)),
         Some(dir) => {
             std::fs::create_dir_all(&dir)?;
             for (name, text) in [
                 (
                     "infrastructure-components.yaml",
-                    components::infrastructure_components_yaml(),
+                    components::infrastructure_components_yaml_for(image),
                 ),
                 ("metadata.yaml", components::metadata_yaml()),
             ] {

@@ -7,6 +7,7 @@
 pub mod capi;
 pub mod cli;
 pub mod components;
+pub mod health;
 pub mod kubevirt;
 pub mod leader;
 pub mod manager;

@@ -23,9 +23,13 @@ pub async fn run_elected(
     election: Option<LeaderElectionConfig>,
 ) -> anyhow::Result<()> {
     // Every replica serves webhooks: they decide on one object, alone.
+    if config.webhook.is_some() {
+        config.readiness.expect_webhooks();
+    }
     let webhook = async {
         if let Some(webhook) = config.webhook.clone()
-            && let Err(error) = crate::webhook::serve(webhook, Some(client.clone())).await
+            && let Err(error) =
+                crate::webhook::serve(webhook, Some(client.clone()), config.readiness.clone()).await
         {
             tracing::error!(
                 error = format!("{error:#}"),

@@ -153,6 +153,8 @@ pub struct ManagerConfig {
     /// How many objects one controller reconciles at once;
     /// [`DEFAULT_MAX_CONCURRENT_RECONCILES`] when unset, unbounded at 0.
     pub max_concurrent_reconciles: Option<u16>,
+    /// What `/readyz` reports; the controllers add their caches to it.
+    pub readiness: crate::health::Readiness,
 }
 
 /// Reconciles one controller runs at once unless configured. Unbounded, a
@@ -254,6 +256,7 @@ impl Turns {
 pub struct Context {
     pub client: kube::Client,
     pub config: ManagerConfig,
+    name: String,
     recorder: Recorder,
     backoff: Backoff,
 }
@@ -268,8 +271,18 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             config,
+            name: controller.to_string(),
             backoff: Backoff::default(),
         })
+    }
+
+    /// Holds `/readyz` until the controller's own watch has listed once.
+    pub fn track_cache<K>(&self, store: kube::runtime::reflector::Store<K>)
+    where
+        K: Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    {
+        self.config.readiness.track_cache(&self.name, store);
     }
 
     /// Publishes a Kubernetes Event about an object. Failing to publish is

@@ -105,9 +105,11 @@ pub async fn run(base: Arc<Context>) {
         infra: InfraClients::default(),
     });
     let service_config = crate::runtime::watch_config().labels(KUBEVIRT_CLUSTER_LABEL);
-    Controller::new(clusters, config.watcher_config())
+    let controller = Controller::new(clusters, config.watcher_config())
         .trigger_backoff(crate::runtime::trigger_backoff())
-        .with_config(config.controller_config())
+        .with_config(config.controller_config());
+    ctx.base.track_cache(controller.store());
+    controller
         .owns(config.api::<Service>(&client), service_config)
         .watches(
             config.api::<Cluster>(&client),

@@ -50,9 +50,11 @@ pub fn template_status(template: &ProxmoxMachineTemplate) -> MachineTemplateStat
 /// Runs the controller until shutdown.
 pub async fn run(ctx: Arc<Context>) {
     let api: Api<ProxmoxMachineTemplate> = ctx.config.api(&ctx.client);
-    Controller::new(api, ctx.config.watcher_config())
+    let controller = Controller::new(api, ctx.config.watcher_config())
         .trigger_backoff(crate::runtime::trigger_backoff())
-        .with_config(ctx.config.controller_config())
+        .with_config(ctx.config.controller_config());
+    ctx.track_cache(controller.store());
+    controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

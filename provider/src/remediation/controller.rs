@@ -107,6 +107,7 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         .trigger_backoff(crate::runtime::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
+    ctx.base.track_cache(store.clone());
     controller
         // A remediation is named after its Machine: the Machine's health
         // and deletion wake it up.

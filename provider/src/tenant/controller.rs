@@ -27,6 +27,7 @@ pub async fn run(base: Arc<Context>) {
         .trigger_backoff(crate::runtime::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
+    base.track_cache(store.clone());
     let namespaced_store = store.clone();
     // Every Kubernetes object of a namespace: the namespace's etcd serves
     // them all.

@@ -29,6 +29,7 @@ pub async fn run(base: Arc<Context>) {
         .trigger_backoff(crate::runtime::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
+    base.track_cache(store.clone());
     // A change of the parent (talos.*, version) changes what its pools
     // render: every pool naming it is reconciled.
     let parents: Api<Kubernetes> = config.api(&client);

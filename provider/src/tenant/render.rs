@@ -48,8 +48,8 @@ pub const KUBERNETES_LABEL: &str = "apps.tenantry.dev/kubernetes";
 pub const ETCD_LABEL: &str = "apps.tenantry.dev/etcd";
 
 /// Default image of the talos-csr-signer sidecar (Talos trustd for the
-/// workers' apid certificates), pinned.
-pub const DEFAULT_TALOS_CSR_SIGNER_IMAGE: &str = "ghcr.io/clastix/talos-csr-signer:v0.1.0@sha256:0000000000000000000000000000000000000000000000000000000000000000";
+/// workers' apid certificates): the build Cozystack v1.6.0 pins, by digest.
+pub const DEFAULT_TALOS_CSR_SIGNER_IMAGE: &str = "ghcr.io/cozystack/cozystack/talos-csr-signer:v1.6.0@sha256:85b41e16e5e40398b1272fe0a69de72e205532c8034d0e6a9fc4a1d510f17818";
 /// Port of the Talos trustd the workers dial.
 pub const TALOS_TRUSTD_PORT: i32 = 50001;
 /// The konnectivity server's port.

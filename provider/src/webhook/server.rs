@@ -39,8 +39,13 @@ pub struct WebhookConfig {
 }
 
 /// Serves the webhooks until the task is dropped. `client` looks up what
-/// a decision depends on (a pool's parent cluster).
-pub async fn serve(config: WebhookConfig, client: Option<kube::Client>) -> anyhow::Result<()> {
+/// a decision depends on (a pool's parent cluster); `readiness` learns when
+/// the listener serves with its certificate loaded.
+pub async fn serve(
+    config: WebhookConfig,
+    client: Option<kube::Client>,
+    readiness: crate::health::Readiness,
+) -> anyhow::Result<()> {
     let resolver = Arc::new(ReloadingCertificate::new(&config.cert_dir)?);
     let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -55,6 +60,7 @@ pub async fn serve(config: WebhookConfig, client: Option<kube::Client>) -> anyho
         .await
         .with_context(|| format!("listen on {}", config.bind))?;
     tracing::info!(address = %config.bind, "serving admission webhooks");
+    readiness.webhooks_serving();
     let app = router(client);
     loop {
         let (stream, peer) = match listener.accept().await {

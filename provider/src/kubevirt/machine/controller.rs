@@ -102,6 +102,7 @@ pub async fn run(base: Arc<Context>) {
     });
     let controller = crate::runtime::slim_controller(machines, config.watcher_config());
     let store = controller.store();
+    ctx.base.track_cache(store.clone());
     controller
         // A VM's start is a burst of VMI and VM status changes; one
         // reconcile after the burst sees the same end state as one per

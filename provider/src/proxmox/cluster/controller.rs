@@ -66,6 +66,7 @@ pub async fn run(base: Arc<Context>) {
         .trigger_backoff(crate::runtime::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
+    base.track_cache(store.clone());
     let ctx = Arc::new(ClusterContext::new(base));
     controller
         .watches(

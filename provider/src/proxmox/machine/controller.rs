@@ -60,6 +60,7 @@ pub async fn run(base: Arc<Context>) {
     let machines: Api<ProxmoxMachine> = config.api(&client);
     let controller = crate::runtime::slim_controller(machines, config.watcher_config());
     let store = controller.store();
+    base.track_cache(store.clone());
     // Each watch feeds a store (read by reconciles, see cache.rs) and
     // triggers reconciles of the machines it concerns.
     let labelled = crate::runtime::watch_config()

@@ -1,0 +1,167 @@
+//! A management cluster that runs pods: a node network, a control plane
+//! serving it (kube-apiserver, kube-controller-manager with the workload
+//! controllers, kube-scheduler), cluster DNS and the service proxy, and the
+//! pod runner as its one node (see `pod_runner/README.md`). The
+//! deployed-manager tests install tenantry into it as a platform does,
+//! and its pods run from tenantry's built image.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::control_plane::{ControlPlane, ControlPlaneOptions, PodSupport};
+use crate::pod_runner::images::ImageStore;
+use crate::pod_runner::network::NodeNetwork;
+use crate::pod_runner::services::ClusterServices;
+use crate::pod_runner::{PodRunner, PodRunnerConfig, image_cache};
+use crate::upstream::{Binary, Upstream};
+
+/// Where tenantry's image comes from: `TENANTRY_IMAGE_LAYOUT`, else the
+/// layout `hack/image.sh` writes (`out/image/layout`).
+pub fn tenantry_image_layout() -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("TENANTRY_IMAGE_LAYOUT") {
+        Some(path) => PathBuf::from(path),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../out/image/layout"),
+    };
+    if !path.join("index.json").is_file() {
+        anyhow::bail!(
+            "tenantry's image is not built at {}: run hack/image.sh first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The index digest of tenantry's built image.
+pub fn tenantry_image_digest() -> anyhow::Result<String> {
+    let layout = tenantry_image::read::Layout::open(&tenantry_image_layout()?)?;
+    let tags = layout.tags()?;
+    tags.into_iter()
+        .find(|(tag, _)| tag.as_deref() == Some(crate::clusterctl::TENANTRY_VERSION))
+        .map(|(_, digest)| digest)
+        .with_context(|| {
+            format!(
+                "tenantry's image layout has no image tagged {}",
+                crate::clusterctl::TENANTRY_VERSION
+            )
+        })
+}
+
+/// `ghcr.io/tenantry/tenantry:<version>@<digest>`: the reference a release
+/// of this build pins.
+pub fn tenantry_image_reference() -> anyhow::Result<String> {
+    Ok(format!(
+        "{}@{}",
+        tenantry_provider::components::DEFAULT_IMAGE,
+        tenantry_image_digest()?
+    ))
+}
+
+/// The image of the Cluster API core manager, as its release components
+/// name it.
+pub fn cluster_api_image(version: &str) -> String {
+    format!("registry.k8s.io/cluster-api/cluster-api-controller:{version}")
+}
+
+/// A management cluster whose Deployments run.
+pub struct ManagementCluster {
+    // Field order is drop order: pods stop before what they talk to.
+    pub runner: PodRunner,
+    _services: ClusterServices,
+    pub control_plane: ControlPlane,
+    network: Arc<NodeNetwork>,
+}
+
+impl ManagementCluster {
+    /// Starts the node network, the control plane, DNS and the service
+    /// proxy, and the pod runner with tenantry's image and the Cluster API
+    /// manager's.
+    pub async fn start(name: &str) -> anyhow::Result<Self> {
+        let network = Arc::new(NodeNetwork::acquire()?);
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: name.into(),
+            pods: Some(PodSupport {
+                node_ip: network.node_ip(),
+                service_cidr: network.service_cidr(),
+            }),
+            ..Default::default()
+        })
+        .await?;
+        let client = control_plane.client();
+        let services = ClusterServices::start(client.clone(), network.clone()).await?;
+        let upstream = Upstream::locate()?;
+        let mut images = ImageStore::new(&image_cache()?);
+        let (repository, tag) = tenantry_provider::components::DEFAULT_IMAGE
+            .rsplit_once(':')
+            .expect("the default image has a tag");
+        images.add_layout(repository, tag, &tenantry_image_layout()?, Some(tag));
+        let capi_version = crate::clusterctl::pinned_cluster_api_version()?;
+        let capi_image = cluster_api_image(&capi_version);
+        let (capi_repository, capi_tag) = capi_image.rsplit_once(':').expect("tagged");
+        images.add_binary(
+            capi_repository,
+            capi_tag,
+            &upstream.binary(Binary::ClusterApiManager)?,
+            "/manager",
+            "65532:65532",
+        );
+        let runner = PodRunner::start(
+            client,
+            PodRunnerConfig {
+                node_name: format!("{name}-node"),
+                dir: control_plane.dir().join("node"),
+                images,
+                network: network.clone(),
+                apiserver_port: control_plane.port(),
+            },
+        )
+        .await?;
+        Ok(Self {
+            runner,
+            _services: services,
+            control_plane,
+            network,
+        })
+    }
+
+    /// A client authenticated as the admin.
+    pub fn client(&self) -> kube::Client {
+        self.control_plane.client()
+    }
+
+    /// What `kubectl get` shows of the workloads and the last events, for
+    /// failure messages.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for args in [
+            &[
+                "get",
+                "deployments,replicasets,pods,services,endpointslices",
+                "-A",
+                "-o",
+                "wide",
+            ][..],
+            &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
+        ] {
+            match self
+                .control_plane
+                .kubectl()
+                .map(|mut c| c.args(args).output())
+            {
+                Ok(Ok(output)) => {
+                    out.push_str(&String::from_utf8_lossy(&output.stdout));
+                    out.push_str(&String::from_utf8_lossy(&output.stderr));
+                }
+                other => out.push_str(&format!("kubectl failed: {other:?}\n")),
+            }
+        }
+        out
+    }
+
+    /// The node's address: where pods reach servers running on the host
+    /// (simulators must listen there, not on loopback).
+    pub fn node_ip(&self) -> std::net::Ipv4Addr {
+        self.network.node_ip()
+    }
+}
