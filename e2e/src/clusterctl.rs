@@ -98,6 +98,13 @@ impl Clusterctl {
     /// Writes the local repository (tenantry and Cluster API core) and
     /// `clusterctl.yaml` into a temporary folder.
     pub fn with_local_repository() -> anyhow::Result<Self> {
+        Self::with_releases(&[(TENANTRY_VERSION, components::DEFAULT_IMAGE)])
+    }
+
+    /// A local repository holding tenantry `releases` (version, manager
+    /// image), as `hack/release.sh` writes them (the image pinned by
+    /// digest), oldest first; `init` without a version takes the newest.
+    pub fn with_releases(releases: &[(&str, &str)]) -> anyhow::Result<Self> {
         let upstream = Upstream::locate()?;
         let binary = upstream.binary(Binary::Clusterctl)?;
         let capi_release = upstream.cluster_api_release()?;
@@ -108,22 +115,23 @@ impl Clusterctl {
             .context("create clusterctl folder")?;
         let repository = dir.path().join("repository");
 
-        let tenantry = repository
-            .join(components::PROVIDER_LABEL)
-            .join(TENANTRY_VERSION);
-        std::fs::create_dir_all(&tenantry)?;
-        std::fs::write(
-            tenantry.join("infrastructure-components.yaml"),
-            components::infrastructure_components_yaml(),
-        )?;
-        std::fs::write(tenantry.join("metadata.yaml"), components::metadata_yaml())?;
-        for entry in std::fs::read_dir(templates_dir()).context("read config/templates")? {
-            let path = entry?.path();
-            if let Some(name) = path.file_name().and_then(|n| n.to_str())
-                && name.starts_with("cluster-template")
-            {
-                std::fs::copy(&path, tenantry.join(name))
-                    .with_context(|| format!("copy {}", path.display()))?;
+        let mut tenantry = PathBuf::new();
+        for (version, image) in releases {
+            tenantry = repository.join(components::PROVIDER_LABEL).join(version);
+            std::fs::create_dir_all(&tenantry)?;
+            std::fs::write(
+                tenantry.join("infrastructure-components.yaml"),
+                components::infrastructure_components_yaml_for(image),
+            )?;
+            std::fs::write(tenantry.join("metadata.yaml"), components::metadata_yaml())?;
+            for entry in std::fs::read_dir(templates_dir()).context("read config/templates")? {
+                let path = entry?.path();
+                if let Some(name) = path.file_name().and_then(|n| n.to_str())
+                    && name.starts_with("cluster-template")
+                {
+                    std::fs::copy(&path, tenantry.join(name))
+                        .with_context(|| format!("copy {}", path.display()))?;
+                }
             }
         }
 

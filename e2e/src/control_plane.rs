@@ -59,6 +59,11 @@ pub struct ControlPlaneOptions {
     /// kube-controller-manager also runs the Deployment, ReplicaSet,
     /// EndpointSlice and root CA publisher controllers; kube-scheduler runs.
     pub pods: Option<PodSupport>,
+    /// Listen on all addresses and name this one in the kubeconfig and the
+    /// serving certificate instead of loopback: a control plane that pods
+    /// of a [`crate::management::ManagementCluster`] reach (a tenant's,
+    /// behind Kamaji's Service).
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 /// What a control plane that runs pods needs to know of the node network.
@@ -81,6 +86,7 @@ impl Default for ControlPlaneOptions {
             apiserver_binary: Binary::KubeApiserver,
             extra_serving_names: Vec::new(),
             pods: None,
+            address: None,
         }
     }
 }
@@ -153,7 +159,10 @@ impl ControlPlane {
         let etcd_client_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let apiserver_port = free_port()?;
-        let server_url = format!("https://127.0.0.1:{apiserver_port}");
+        let server_url = match options.address {
+            Some(address) => format!("https://{address}:{apiserver_port}"),
+            None => format!("https://127.0.0.1:{apiserver_port}"),
+        };
 
         let pki = root.join("pki");
         std::fs::create_dir_all(&pki).context("create pki folder")?;
@@ -171,6 +180,8 @@ impl ControlPlane {
         serving_names.extend(options.extra_serving_names.iter().map(String::as_str));
         let node_ip = options.pods.as_ref().map(|p| p.node_ip.to_string());
         serving_names.extend(node_ip.as_deref());
+        let address = options.address.map(|a| a.to_string());
+        serving_names.extend(address.as_deref());
         let serving = ca.issue_server("kube-apiserver", &serving_names)?;
         let (serving_cert, serving_key) = serving.write(&pki, "apiserver")?;
         let admin = ca.issue_client(ADMIN_USER, &["system:masters"])?;
@@ -213,10 +224,11 @@ impl ControlPlane {
         )?;
 
         let mut apiserver_cmd = Command::new(upstream.binary(options.apiserver_binary)?);
-        let (bind_address, advertise_address) = match &node_ip {
+        let (bind_address, advertise_address) = match (&address, &node_ip) {
+            (Some(address), _) => ("0.0.0.0", address.as_str()),
             // Pods reach it on the node's address, tests on loopback.
-            Some(node_ip) => ("0.0.0.0", node_ip.as_str()),
-            None => ("127.0.0.1", "127.0.0.1"),
+            (None, Some(node_ip)) => ("0.0.0.0", node_ip.as_str()),
+            (None, None) => ("127.0.0.1", "127.0.0.1"),
         };
         let mut apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client_port}"),
@@ -319,10 +331,12 @@ impl ControlPlane {
             if options.pods.is_some() {
                 // What turns a Deployment into pods and a Service into the
                 // endpoints the apiserver calls webhooks on, publishes
-                // kube-root-ca.crt for the pods' token volumes, and lifts
+                // kube-root-ca.crt for the pods' token volumes, fills the
+                // aggregated ClusterRoles providers bind to (Cluster API's
+                // manager role gathers its providers' rules), and lifts
                 // the not-ready taint the apiserver puts on a new Node.
                 controllers.push_str(
-                    ",deployment-controller,replicaset-controller,endpointslice-controller,root-ca-certificate-publisher-controller",
+                    ",deployment-controller,replicaset-controller,endpointslice-controller,root-ca-certificate-publisher-controller,clusterrole-aggregation-controller",
                 );
                 if options.node_monitor_grace_period.is_none() {
                     controllers.push_str(",node-lifecycle-controller");

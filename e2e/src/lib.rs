@@ -8,6 +8,7 @@
 //! documenting the upstream behaviour it copies.
 
 pub mod bench;
+pub mod cert_manager;
 pub mod chaos;
 pub mod cluster_api;
 pub mod cluster_api_operator;

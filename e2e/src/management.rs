@@ -1,7 +1,9 @@
 //! A management cluster that runs pods: a node network, a control plane
 //! serving it (kube-apiserver, kube-controller-manager with the workload
-//! controllers, kube-scheduler), cluster DNS and the service proxy, and the
-//! pod runner as its one node (see `pod_runner/README.md`). The
+//! controllers, kube-scheduler), cert-manager (controller and CA
+//! injector, a prerequisite of every Cluster API provider), cluster DNS and
+//! the service proxy, and the pod runner as its one node (see
+//! `pod_runner/README.md`). The
 //! deployed-manager tests install tenantry into it as a platform does,
 //! and its pods run from tenantry's built image.
 
@@ -10,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
+use crate::cert_manager::CertManager;
 use crate::control_plane::{ControlPlane, ControlPlaneOptions, PodSupport};
 use crate::pod_runner::images::ImageStore;
 use crate::pod_runner::network::NodeNetwork;
@@ -69,6 +72,7 @@ pub struct ManagementCluster {
     // Field order is drop order: pods stop before what they talk to.
     pub runner: PodRunner,
     _services: ClusterServices,
+    pub cert_manager: CertManager,
     pub control_plane: ControlPlane,
     network: Arc<NodeNetwork>,
 }
@@ -89,6 +93,7 @@ impl ManagementCluster {
         })
         .await?;
         let client = control_plane.client();
+        let cert_manager = CertManager::start(&control_plane).await?;
         let services = ClusterServices::start(client.clone(), network.clone()).await?;
         let upstream = Upstream::locate()?;
         let mut images = ImageStore::new(&image_cache()?);
@@ -120,6 +125,7 @@ impl ManagementCluster {
         Ok(Self {
             runner,
             _services: services,
+            cert_manager,
             control_plane,
             network,
         })

@@ -98,6 +98,7 @@ impl World {
             tenants.clone(),
             TenantControlPlaneOptions {
                 node_monitor_grace_period: Duration::from_secs(8),
+                ..Default::default()
             },
         )
         .await

@@ -204,6 +204,7 @@ async fn start_tenant_side(client: &kube::Client) -> (KamajiControlPlaneSimulato
         tenants.clone(),
         TenantControlPlaneOptions {
             node_monitor_grace_period: Duration::from_secs(8),
+            ..Default::default()
         },
     )
     .await

@@ -214,12 +214,11 @@ main() {
 	fi
 
 	# --- cert-manager CRDs ------------------------------------------------------
-	# Nothing runs pods in the harness, so cert-manager itself cannot run; its
-	# CRDs let `clusterctl init` find the cert-manager API it checks for (see
-	# e2e/src/clusterctl.rs and docs/install.md).
+	# What `clusterctl init` checks for (see e2e/src/clusterctl.rs), and what
+	# the cert-manager controller below serves.
 	certmanager_module=github.com/cert-manager/cert-manager
 	certmanager_version="$(version_of cert-manager "$certmanager_module")"
-	if sel clusterctl; then
+	if sel clusterctl || sel cert-manager-controller || sel cert-manager-cainjector; then
 		certmanager_config="$cache/cert-manager-$certmanager_version/config"
 		if [[ ! -d "$certmanager_config" ]]; then
 			certmanager_dir="$(module_dir cert-manager "$certmanager_module")"
@@ -231,6 +230,23 @@ main() {
 			mv "$certmanager_config.partial" "$certmanager_config"
 		fi
 		ln -sfn "cert-manager-$certmanager_version/config" "$cache/cert-manager"
+	fi
+
+	# --- cert-manager controller and CA injector -------------------------------
+	# Upstream's main packages live in nested modules the proxy does not serve,
+	# so the wrapper's own small mains (cert-manager-bin/cmd) wire the module's
+	# public packages as upstream's cmd/*/app do. Stamped like upstream's
+	# Makefile (pkg/util.AppVersion). They need the CRDs above, so selecting
+	# them copies those too.
+	certmanager_bin_version="$(version_of cert-manager-bin "$certmanager_module")"
+	certmanager_ldflags="-X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$certmanager_bin_version"
+	if sel cert-manager-controller; then
+		build cert-manager-controller cert-manager-bin \
+			tenantry.dev/hack/upstream/cert-manager-bin/cmd/controller "$certmanager_bin_version" "$certmanager_ldflags"
+	fi
+	if sel cert-manager-cainjector; then
+		build cert-manager-cainjector cert-manager-bin \
+			tenantry.dev/hack/upstream/cert-manager-bin/cmd/cainjector "$certmanager_bin_version" "$certmanager_ldflags"
 	fi
 
 	# --- Cluster API in-cluster IPAM provider ----------------------------------

@@ -461,6 +461,7 @@ impl PodWorker {
         if self.sandbox.is_none()
             && let Err(error) = self.create_sandbox()
         {
+            tracing::warn!(pod = %self.name(), error = format!("{error:#}"), "pod sandbox not created");
             self.blocked = Some(("FailedCreatePodSandBox".into(), format!("{error:#}")));
             return;
         }
@@ -888,10 +889,13 @@ impl PodWorker {
             status["podIP"] = json!(ip);
             status["podIPs"] = json!([{ "ip": ip }]);
         }
-        if let Some((reason, message)) = &self.blocked {
-            status["message"] = json!(message);
-            status["reason"] = json!(reason);
-        }
+        // Cleared (null removes them in a patch) once nothing blocks.
+        let (reason, message) = match &self.blocked {
+            Some((reason, message)) => (json!(reason), json!(message)),
+            None => (Value::Null, Value::Null),
+        };
+        status["reason"] = reason;
+        status["message"] = message;
         if self.reported.as_ref() == Some(&status) {
             return;
         }

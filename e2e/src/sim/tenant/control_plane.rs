@@ -195,12 +195,20 @@ pub struct TenantControlPlaneOptions {
     /// go without a heartbeat before its `Ready` turns `Unknown`. Real
     /// clusters use 50 s; tests use a few seconds.
     pub node_monitor_grace_period: Duration,
+    /// Where pods of the management cluster reach tenant apiservers (its
+    /// node address, [`crate::management::ManagementCluster::node_ip`]):
+    /// each tenant kube-apiserver listens there too, its public endpoint
+    /// (`super-admin.conf`, `<cluster>-kubeconfig`) names it, and the TCP
+    /// Service gets an EndpointSlice pointing at it, as Kamaji's Service
+    /// has the TCP pods as endpoints. Loopback only when unset.
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for TenantControlPlaneOptions {
     fn default() -> Self {
         Self {
             node_monitor_grace_period: Duration::from_secs(10),
+            address: None,
         }
     }
 }
@@ -610,6 +618,11 @@ async fn reconcile(
         ensure_service(client, object, service_port)
             .await
             .context("the tenant control plane Service")?;
+        if let Some(address) = shared.options.address {
+            ensure_endpoint_slice(client, object, address, &endpoint)
+                .await
+                .context("the tenant control plane Service's endpoints")?;
+        }
         let secrets = Secrets {
             client,
             owner: object,
@@ -781,6 +794,7 @@ async fn start_tenant(
         extra_apiserver_args: args,
         apiserver_binary: binary,
         extra_serving_names: service_names(&name, &namespace),
+        address: shared.options.address,
         ..Default::default()
     };
     let starting = || format!("start the tenant control plane of {namespace}/{cluster}");
@@ -1070,6 +1084,52 @@ async fn ensure_service(
         .await
         .with_context(|| format!("apply Service {namespace}/{name}"))?;
     tracing::info!(%namespace, kcp = %name, "tenant control plane Service applied");
+    Ok(())
+}
+
+/// The endpoints of the TCP Service: the tenant apiserver at `address`
+/// and its real port, under the Service port's name, as the EndpointSlice
+/// controller lists the TCP pods of a real Kamaji. Owned by the
+/// KamajiControlPlane, so it goes with it.
+async fn ensure_endpoint_slice(
+    client: &kube::Client,
+    kcp: &DynamicObject,
+    address: std::net::Ipv4Addr,
+    endpoint: &str,
+) -> anyhow::Result<()> {
+    let namespace = kcp.metadata.namespace.clone().unwrap_or_default();
+    let name = kcp.metadata.name.clone().unwrap_or_default();
+    let (_, port) = split_endpoint(endpoint)?;
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": format!("{name}-tenant-apiserver"),
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "kamaji-simulator.tenantry.dev",
+            },
+            "ownerReferences": [{
+                "apiVersion": format!("{GROUP}/{VERSION}"),
+                "kind": KAMAJI_CONTROL_PLANE_KIND,
+                "name": name,
+                "uid": kcp.metadata.uid,
+            }],
+        },
+        "addressType": "IPv4",
+        "endpoints": [{ "addresses": [address.to_string()], "conditions": { "ready": true } }],
+        "ports": [{ "name": "kube-apiserver", "port": port, "protocol": "TCP" }],
+    });
+    let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client.clone(), &namespace);
+    api.patch(
+        &format!("{name}-tenant-apiserver"),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&slice),
+    )
+    .await
+    .with_context(|| format!("apply EndpointSlice {namespace}/{name}-tenant-apiserver"))?;
     Ok(())
 }
 
