@@ -61,6 +61,78 @@ pub fn tenantry_image_reference() -> anyhow::Result<String> {
     ))
 }
 
+/// The version the upgrade tests move to: a second build of this commit's
+/// manager, labelled and tagged as the next patch release (its image
+/// digest differs, so a rollout really replaces the pods).
+pub const NEXT_VERSION: &str = "v0.1.1";
+
+/// The next build's image ([`NEXT_VERSION`]): this build's linux binary
+/// packed again under the next version's tag and labels. Written once per
+/// build of the current image into the pod runner's image cache; returns
+/// the layout folder and the reference a release of it would pin.
+pub fn next_build() -> anyhow::Result<(PathBuf, String)> {
+    use tenantry_image::Platform;
+    use tenantry_image::layout::{ImageSpec, LayerFile, LayoutWriter};
+    let current = tenantry_image::read::Layout::open(&tenantry_image_layout()?)?;
+    let image = current.resolve(Some(crate::clusterctl::TENANTRY_VERSION), &Platform::host())?;
+    let dir = image_cache()?.join(format!(
+        "next-{}-{}",
+        NEXT_VERSION,
+        image.digest.trim_start_matches("sha256:")
+    ));
+    let layout = dir.join("layout");
+    if !layout.join("index.json").is_file() {
+        let unpacked = tempfile::tempdir()?;
+        current.unpack(&image, unpacked.path())?;
+        let mut labels = image.config.labels.clone();
+        labels.insert(
+            "org.opencontainers.image.version".into(),
+            NEXT_VERSION.into(),
+        );
+        let spec = ImageSpec {
+            platform: image.platform.clone(),
+            files: vec![
+                LayerFile {
+                    path: "tenantry".into(),
+                    mode: 0o755,
+                    contents: std::fs::read(unpacked.path().join("tenantry"))?,
+                },
+                LayerFile {
+                    path: tenantry_image::roots::BUNDLE_PATH.into(),
+                    mode: 0o644,
+                    contents: std::fs::read(
+                        unpacked.path().join(tenantry_image::roots::BUNDLE_PATH),
+                    )?,
+                },
+            ],
+            entrypoint: image.config.entrypoint.clone(),
+            user: image.config.user.clone(),
+            labels: labels.clone(),
+            created: 0,
+            created_by: format!("e2e: {NEXT_VERSION}, a second build of this manager"),
+        };
+        let partial = tempfile::Builder::new()
+            .prefix("next-")
+            .tempdir_in(image_cache()?)?;
+        let writer = LayoutWriter::create(&partial.path().join("layout"))?;
+        let manifest = writer.image(&spec)?;
+        writer.finish(&[(spec.platform.clone(), manifest)], &labels, NEXT_VERSION)?;
+        std::fs::create_dir_all(&dir)?;
+        // Another test may have written it meanwhile; either copy will do.
+        let _ = std::fs::rename(partial.path().join("layout"), &layout);
+    }
+    let digest = tenantry_image::read::Layout::open(&layout)?
+        .tags()?
+        .into_iter()
+        .find_map(|(tag, digest)| (tag.as_deref() == Some(NEXT_VERSION)).then_some(digest))
+        .context("the next build has no tag")?;
+    let repository = tenantry_provider::components::DEFAULT_IMAGE
+        .rsplit_once(':')
+        .expect("tagged")
+        .0;
+    Ok((layout, format!("{repository}:{NEXT_VERSION}@{digest}")))
+}
+
 /// The image of the Cluster API core manager, as its release components
 /// name it.
 pub fn cluster_api_image(version: &str) -> String {
@@ -101,6 +173,8 @@ impl ManagementCluster {
             .rsplit_once(':')
             .expect("the default image has a tag");
         images.add_layout(repository, tag, &tenantry_image_layout()?, Some(tag));
+        let (next_layout, _) = next_build()?;
+        images.add_layout(repository, NEXT_VERSION, &next_layout, Some(NEXT_VERSION));
         let capi_version = crate::clusterctl::pinned_cluster_api_version()?;
         let capi_image = cluster_api_image(&capi_version);
         let (capi_repository, capi_tag) = capi_image.rsplit_once(':').expect("tagged");

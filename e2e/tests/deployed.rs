@@ -23,16 +23,24 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
+use tenantry_e2e::cluster_api_operator::{
+    ClusterApiOperator, ProviderKind, compressed_provider_config_map, provider,
+    provider_components_selector,
+};
 use tenantry_e2e::clusterctl::{Clusterctl, TENANTRY_VERSION};
-use tenantry_e2e::management::{ManagementCluster, tenantry_image_reference};
+use tenantry_e2e::demo::DemoCluster;
+use tenantry_e2e::management::{
+    ManagementCluster, NEXT_VERSION, next_build, tenantry_image_reference,
+};
+use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
 use tenantry_e2e::sim::tenant::{
-    KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator, TenantCluster, TenantClusters,
-    TenantControlPlaneOptions,
+    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator,
+    TalosBootstrapSimulator, TenantCluster, TenantClusters, TenantControlPlaneOptions,
 };
-use tenantry_e2e::wait;
+use tenantry_e2e::{UpstreamManager, wait};
 use tenantry_provider::components;
 
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -43,6 +51,8 @@ const TEMPLATE: &str = "demo-workers";
 const BOOTSTRAP_SECRET: &str = "demo-talos-worker";
 const KUBERNETES_VERSION: &str = "v1.35.0";
 const TALOS: &str = "v1.13.6";
+const PVE_TENANT: &str = "tenant-a";
+const PVE_CREDENTIALS: &str = "pve-credentials";
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
@@ -52,19 +62,39 @@ fn capi(kind: &str, plural: &str) -> ApiResource {
     resource("cluster.x-k8s.io", "v1beta2", kind, plural)
 }
 
+/// Where the workers run. Simulators of what cannot run here: they run on
+/// the host and serve the node address, where the deployed managers reach
+/// them.
+enum Substrate {
+    None,
+    Kubevirt {
+        _sim: KubevirtSimulator,
+        factory: ImageFactory,
+    },
+    Proxmox {
+        pve: PveLab,
+        _ipam: UpstreamManager,
+    },
+}
+
 /// A management cluster with Cluster API and tenantry deployed, cert-manager,
 /// and the tenant side (Kamaji and the workers' kubelets).
 struct Deployed {
     // Field order is drop order.
     nodes: NodeSimulator,
     kamaji: KamajiControlPlaneSimulator,
+    substrate: Substrate,
+    namespace: String,
     cluster: ManagementCluster,
 }
 
 impl Deployed {
     /// The management cluster, cert-manager, Kamaji and the kubelets; no
-    /// provider installed yet.
-    async fn start(name: &str) -> Self {
+    /// provider installed yet. With `verify_join`, a worker's kubelet joins
+    /// only with the tenant's CA and a bootstrap token that exists in the
+    /// tenant (which tenantry's companion writes there for `Kubernetes`
+    /// pools); raw MachineDeployments carry a test config without them.
+    async fn start(name: &str, verify_join: bool) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -86,22 +116,65 @@ impl Deployed {
         )
         .await
         .expect("Kamaji simulator");
-        let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
+        let nodes = NodeSimulator::start(
+            tenants,
+            NodeSimConfig {
+                verify_join,
+                ..Default::default()
+            },
+        );
         Self {
             nodes,
             kamaji,
+            substrate: Substrate::None,
+            namespace: NAMESPACE.into(),
             cluster,
         }
+    }
+
+    /// KubeVirt (simulated, with CDI and the image factory) for the workers.
+    async fn with_kubevirt(mut self) -> Self {
+        let sim = KubevirtSimulator::start(self.client(), KubevirtSimConfig::fast())
+            .await
+            .expect("KubeVirt simulator");
+        let factory = ImageFactory::start(ImageFactoryConfig {
+            versions: vec![TALOS.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("image factory");
+        self.nodes.follow_kubevirt(self.client());
+        self.substrate = Substrate::Kubevirt { _sim: sim, factory };
+        self
+    }
+
+    /// A Proxmox VE cluster (simulated) listening on the node address, its
+    /// tenant's pool, user and token, and the in-cluster IPAM provider for
+    /// the workers' addresses (run beside the cluster: only tenantry and
+    /// Cluster API run deployed here).
+    async fn with_proxmox(mut self) -> Self {
+        let ipam = UpstreamManager::start_ipam_in_cluster(&self.cluster.control_plane)
+            .await
+            .expect("in-cluster IPAM provider");
+        let mut config = lab_config(&[PVE_TENANT]);
+        config.listen = (self.cluster.node_ip(), 0).into();
+        let pve = PveLab::start(config).await;
+        self.nodes.follow_proxmox(pve.sim.observer());
+        self.namespace = PVE_TENANT.into();
+        self.substrate = Substrate::Proxmox { pve, _ipam: ipam };
+        self
     }
 
     /// `clusterctl init` of Cluster API core and tenantry from a local
     /// repository holding this build's release (image pinned by digest);
     /// both managers become available.
-    async fn install_with_clusterctl(name: &str) -> (Self, Clusterctl) {
-        let world = Self::start(name).await;
+    async fn install_with_clusterctl(self) -> (Self, Clusterctl) {
+        let world = self;
         let image = tenantry_image_reference().expect("tenantry image (hack/image.sh)");
+        let (_, next) = next_build().expect("the next build's image");
         let clusterctl =
-            Clusterctl::with_releases(&[(TENANTRY_VERSION, &image)]).expect("local repository");
+            Clusterctl::with_releases(&[(TENANTRY_VERSION, &image), (NEXT_VERSION, &next)])
+                .expect("local repository");
         clusterctl
             .run(
                 world.cluster.control_plane.kubeconfig_path(),
@@ -170,6 +243,37 @@ impl Deployed {
         .unwrap_or_else(|e| self.fail(e));
     }
 
+    /// The manager's Deployment runs `image` on all its pods, and only them.
+    async fn wait_manager_image(&self, image: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.client(), components::NAMESPACE);
+        wait::until(format!("the manager to run {image}"), DEADLINE, || {
+            let pods = pods.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels("control-plane=controller-manager"))
+                    .await?
+                    .items;
+                let rolled = !list.is_empty()
+                    && list.iter().all(|p| {
+                        p.metadata.deletion_timestamp.is_none()
+                            && p.spec
+                                .as_ref()
+                                .and_then(|s| s.containers[0].image.as_deref())
+                                == Some(image)
+                            && p.status
+                                .as_ref()
+                                .and_then(|s| s.container_statuses.as_ref())
+                                .is_some_and(|c| c.iter().all(|c| c.ready))
+                    });
+                Ok(rolled.then_some(()))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| self.fail(e));
+        self.wait_available(components::NAMESPACE, components::DEPLOYMENT_NAME)
+            .await;
+    }
+
     /// The manager's pods, as `kubectl get pods` lists them.
     async fn manager_pods(&self) -> Vec<Pod> {
         Api::<Pod>::namespaced(self.client(), components::NAMESPACE)
@@ -180,25 +284,105 @@ impl Deployed {
     }
 
     fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client(), NAMESPACE, resource)
+        Api::namespaced_with(self.client(), &self.namespace, resource)
     }
 
     async fn create(&self, document: Value) {
-        tenantry_e2e::manifests::create_object(&self.client(), &document, NAMESPACE)
+        tenantry_e2e::manifests::create_object(&self.client(), &document, &self.namespace)
             .await
             .unwrap_or_else(|e| self.fail(e));
     }
 
-    /// A Cluster with a KubevirtCluster and a KamajiControlPlane; its tenant
-    /// once Kamaji serves it and CAPI has initialized it.
-    async fn create_kubevirt_cluster(&self) -> TenantCluster {
-        self.create(json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-            "kind": "KubevirtCluster",
-            "metadata": { "name": CLUSTER },
-            "spec": {},
-        }))
-        .await;
+    /// `Kubevirt<suffix>` or `Proxmox<suffix>`.
+    fn kind(&self, suffix: &str) -> String {
+        match self.substrate {
+            Substrate::Proxmox { .. } => format!("Proxmox{suffix}"),
+            _ => format!("Kubevirt{suffix}"),
+        }
+    }
+
+    /// The substrate's cluster object (for Proxmox with the tenant's
+    /// namespace and credentials Secret).
+    async fn create_infrastructure_cluster(&self) {
+        match &self.substrate {
+            Substrate::Proxmox { pve, .. } => {
+                let token = pve.tenant(PVE_TENANT, &[]).await;
+                tenantry_e2e::manifests::apply_object(
+                    &self.client(),
+                    &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": PVE_TENANT } }),
+                    "default",
+                )
+                .await
+                .unwrap_or_else(|e| self.fail(e));
+                self.create(json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": { "name": PVE_CREDENTIALS },
+                    "stringData": {
+                        "url": pve.sim.url().as_str(),
+                        "token_id": token.id,
+                        "token_secret": token.secret,
+                        "root_ca": pve.sim.ca_pem(),
+                    }
+                }))
+                .await;
+                self.create(json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxCluster",
+                    "metadata": { "name": CLUSTER },
+                    "spec": {
+                        "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
+                        "ipv4Config": { "addresses": ["10.10.1.10-10.10.1.60"], "prefix": 24, "gateway": "10.10.1.1" },
+                        "dnsServers": ["10.10.0.53"],
+                        "allowedNodes": ["pve1", "pve2"],
+                        "credentialsRef": { "name": PVE_CREDENTIALS },
+                    }
+                }))
+                .await;
+            }
+            _ => {
+                self.create(json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+                    "kind": "KubevirtCluster",
+                    "metadata": { "name": CLUSTER },
+                    "spec": {},
+                }))
+                .await;
+            }
+        }
+    }
+
+    /// The names of the substrate's VMs (KubeVirt VirtualMachines, or
+    /// Proxmox guests that are not templates), by UID or VMID.
+    async fn vms(&self) -> anyhow::Result<BTreeSet<String>> {
+        Ok(match &self.substrate {
+            Substrate::Proxmox { pve, .. } => pve
+                .sim
+                .snapshot()
+                .vms
+                .iter()
+                .filter(|vm| !vm.template)
+                .map(|vm| format!("{}:{}", vm.vmid, vm.name))
+                .collect(),
+            _ => self
+                .dynamic(&resource(
+                    "kubevirt.io",
+                    "v1",
+                    "VirtualMachine",
+                    "virtualmachines",
+                ))
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(uid)
+                .collect(),
+        })
+    }
+
+    /// A Cluster with the substrate's cluster object and a
+    /// KamajiControlPlane; its tenant once Kamaji serves it and CAPI has
+    /// initialized it.
+    async fn create_cluster(&self) -> TenantCluster {
+        self.create_infrastructure_cluster().await;
         self.create(json!({
             "apiVersion": "controlplane.cluster.x-k8s.io/v1alpha2",
             "kind": "KamajiControlPlane",
@@ -213,13 +397,13 @@ impl Deployed {
             "spec": {
                 "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
                 "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KamajiControlPlane", "name": CLUSTER },
-                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtCluster", "name": CLUSTER }
+                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": self.kind("Cluster"), "name": CLUSTER }
             }
         }))
         .await;
-        let kamaji = &self.kamaji;
+        let (kamaji, namespace) = (&self.kamaji, self.namespace.as_str());
         let tenant = wait::until("the tenant control plane to run", DEADLINE, || async move {
-            Ok(kamaji.tenant(NAMESPACE, CLUSTER))
+            Ok(kamaji.tenant(namespace, CLUSTER))
         })
         .await
         .unwrap_or_else(|e| self.fail(e));
@@ -246,7 +430,22 @@ impl Deployed {
         tenant
     }
 
-    async fn create_kubevirt_workers(&self, factory: &ImageFactory, replicas: u32) {
+    /// A machine template and a MachineDeployment of `replicas` workers.
+    async fn create_workers(&self, replicas: u32) {
+        let factory = match &self.substrate {
+            Substrate::Kubevirt { factory, .. } => factory,
+            Substrate::Proxmox { .. } => {
+                self.create(json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+                    "kind": "ProxmoxMachineTemplate",
+                    "metadata": { "name": TEMPLATE },
+                    "spec": { "template": { "spec": worker_spec(PVE_TENANT) } }
+                }))
+                .await;
+                return self.create_machine_deployment(replicas).await;
+            }
+            Substrate::None => panic!("no substrate for workers"),
+        };
         self.create(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
             "kind": "KubevirtMachineTemplate",
@@ -274,6 +473,10 @@ impl Deployed {
             }}}
         }))
         .await;
+        self.create_machine_deployment(replicas).await;
+    }
+
+    async fn create_machine_deployment(&self, replicas: u32) {
         let labels = json!({ "cluster.x-k8s.io/cluster-name": CLUSTER, "cluster.x-k8s.io/deployment-name": DEPLOYMENT });
         self.create(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2",
@@ -289,7 +492,7 @@ impl Deployed {
                         "clusterName": CLUSTER,
                         "version": KUBERNETES_VERSION,
                         "bootstrap": { "dataSecretName": BOOTSTRAP_SECRET },
-                        "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtMachineTemplate", "name": TEMPLATE }
+                        "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": self.kind("MachineTemplate"), "name": TEMPLATE }
                     }
                 }
             }
@@ -321,16 +524,7 @@ impl Deployed {
                 )
                 .await?
                 .items;
-            let vms = self
-                .dynamic(&resource(
-                    "kubevirt.io",
-                    "v1",
-                    "VirtualMachine",
-                    "virtualmachines",
-                ))
-                .list(&ListParams::default())
-                .await?
-                .items;
+            let vms = self.vms().await?;
             let nodes = Api::<Node>::all(tenant.client.clone())
                 .list(&ListParams::default())
                 .await?
@@ -349,7 +543,7 @@ impl Deployed {
                 && nodes.len() == replicas;
             Ok(settled.then(|| Workers {
                 machines: machines.iter().map(uid).collect(),
-                vms: vms.iter().map(uid).collect(),
+                vms,
             }))
         })
         .await
@@ -374,23 +568,14 @@ fn talos_worker_config(endpoint: &str) -> String {
     )
 }
 
-async fn start_kubevirt(world: &Deployed) -> (KubevirtSimulator, ImageFactory) {
-    let sim = KubevirtSimulator::start(world.client(), KubevirtSimConfig::fast())
-        .await
-        .expect("KubeVirt simulator");
-    let factory = ImageFactory::start(ImageFactoryConfig {
-        versions: vec![TALOS.into()],
-        ..Default::default()
-    })
-    .await
-    .expect("image factory");
-    world.nodes.follow_kubevirt(world.client());
-    (sim, factory)
-}
-
 #[tokio::test]
-async fn clusterctl_installs_a_manager_that_scales_kubevirt_workers_as_deployed() {
-    let (world, _clusterctl) = Deployed::install_with_clusterctl("deployed-kubevirt").await;
+async fn clusterctl_installs_and_upgrades_a_manager_that_scales_kubevirt_workers() {
+    let (world, clusterctl) = Deployed::start("deployed-kubevirt", false)
+        .await
+        .with_kubevirt()
+        .await
+        .install_with_clusterctl()
+        .await;
 
     // The manager runs from the pinned image, as its ServiceAccount, hardened.
     let image = tenantry_image_reference().expect("image");
@@ -418,9 +603,8 @@ async fn clusterctl_installs_a_manager_that_scales_kubevirt_workers_as_deployed(
 
     // Its webhooks answer through the Service: an update of a machine
     // template is refused by tenantry's validating webhook.
-    let (_kubevirt, factory) = start_kubevirt(&world).await;
-    let tenant = world.create_kubevirt_cluster().await;
-    world.create_kubevirt_workers(&factory, 0).await;
+    let tenant = world.create_cluster().await;
+    world.create_workers(0).await;
     let templates = world.dynamic(&resource(
         "infrastructure.cluster.x-k8s.io",
         "v1alpha1",
@@ -444,15 +628,52 @@ async fn clusterctl_installs_a_manager_that_scales_kubevirt_workers_as_deployed(
     world.scale(3).await;
     let three = world.wait_workers(&tenant, 3).await;
     assert_eq!(three.vms.len(), 3);
+
+    // `clusterctl upgrade` to the next build with the workers running:
+    // the manager rolls over, no Machine is replaced, no VM recreated.
+    let (_, next) = next_build().expect("next build");
+    clusterctl
+        .run(
+            world.cluster.control_plane.kubeconfig_path(),
+            &[
+                "upgrade",
+                "apply",
+                "--infrastructure",
+                &format!(
+                    "{}/{}:{NEXT_VERSION}",
+                    components::NAMESPACE,
+                    components::PROVIDER_NAME
+                ),
+            ],
+            &Default::default(),
+        )
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    world.wait_manager_image(&next).await;
+    world.scale(4).await;
+    let four = world.wait_workers(&tenant, 4).await;
+    assert!(
+        three.machines.is_subset(&four.machines),
+        "a Machine was replaced: {three:?} {four:?}"
+    );
+    assert!(
+        three.vms.is_subset(&four.vms),
+        "a VM was recreated: {three:?} {four:?}"
+    );
+
     world.scale(0).await;
     world.wait_workers(&tenant, 0).await;
 }
 
 #[tokio::test]
 async fn a_rule_taken_out_of_the_managers_cluster_role_stops_it() {
-    let (world, _clusterctl) = Deployed::install_with_clusterctl("deployed-rbac").await;
-    let (_kubevirt, factory) = start_kubevirt(&world).await;
-    let tenant = world.create_kubevirt_cluster().await;
+    let (world, _clusterctl) = Deployed::start("deployed-rbac", false)
+        .await
+        .with_kubevirt()
+        .await
+        .install_with_clusterctl()
+        .await;
+    let tenant = world.create_cluster().await;
 
     // The manager may no longer create VirtualMachines: the workers stay
     // without a VM, and the KubevirtMachine says why.
@@ -484,7 +705,7 @@ async fn a_rule_taken_out_of_the_managers_cluster_role_stops_it() {
         )
         .await
         .expect("take the rule out");
-    world.create_kubevirt_workers(&factory, 1).await;
+    world.create_workers(1).await;
     let machines = world.dynamic(&resource(
         "infrastructure.cluster.x-k8s.io",
         "v1alpha1",
@@ -541,4 +762,262 @@ async fn a_rule_taken_out_of_the_managers_cluster_role_stops_it() {
         .await
         .expect("restore the rule");
     world.wait_workers(&tenant, 1).await;
+}
+
+#[tokio::test]
+async fn clusterctl_installs_a_manager_that_scales_proxmox_workers_as_deployed() {
+    // The IPAM provider serves Cluster API's IPAddressClaims: after init.
+    let (world, _clusterctl) = Deployed::start("deployed-proxmox", false)
+        .await
+        .install_with_clusterctl()
+        .await;
+    let world = world.with_proxmox().await;
+    let tenant = world.create_cluster().await;
+    world.create_workers(0).await;
+    world.wait_workers(&tenant, 0).await;
+    world.scale(3).await;
+    let three = world.wait_workers(&tenant, 3).await;
+    assert_eq!(three.vms.len(), 3);
+    world.scale(0).await;
+    world.wait_workers(&tenant, 0).await;
+}
+
+/// Cluster API core and tenantry installed as Cozystack installs them:
+/// cluster-api-operator provider objects whose fetchConfig selects a
+/// ConfigMap named after the version, with gzipped components.
+async fn install_with_operator(world: &Deployed) -> ClusterApiOperator {
+    let client = world.client();
+    let operator = ClusterApiOperator::start(&world.cluster.control_plane)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    for namespace in ["capi-system", components::NAMESPACE] {
+        tenantry_e2e::manifests::apply_object(
+            &client,
+            &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": namespace } }),
+            "default",
+        )
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    }
+    let upstream = tenantry_e2e::Upstream::locate().expect("upstream cache");
+    let release = upstream
+        .cluster_api_release()
+        .expect("Cluster API release artifacts");
+    let capi_version =
+        tenantry_e2e::clusterctl::pinned_cluster_api_version().expect("CAPI version");
+    let read = |name: &str| std::fs::read_to_string(release.join(name)).expect("release file");
+    let apply = |document: Value, namespace: &'static str| {
+        let client = client.clone();
+        async move {
+            tenantry_e2e::manifests::apply_object(&client, &document, namespace)
+                .await
+                .expect("apply")
+        }
+    };
+    apply(
+        compressed_provider_config_map(
+            "capi-system",
+            &capi_version,
+            "core",
+            &read("core-components.yaml"),
+            &read("metadata.yaml"),
+        ),
+        "capi-system",
+    )
+    .await;
+    apply(
+        provider(
+            ProviderKind::Core,
+            "capi-system",
+            "cluster-api",
+            &capi_version,
+            &provider_components_selector("core"),
+        ),
+        "capi-system",
+    )
+    .await;
+    let image = tenantry_image_reference().expect("image");
+    apply(
+        compressed_provider_config_map(
+            components::NAMESPACE,
+            TENANTRY_VERSION,
+            "tenantry",
+            &components::infrastructure_components_yaml_for(&image),
+            &components::metadata_yaml(),
+        ),
+        components::NAMESPACE,
+    )
+    .await;
+    apply(
+        provider(
+            ProviderKind::Infrastructure,
+            components::NAMESPACE,
+            components::PROVIDER_NAME,
+            TENANTRY_VERSION,
+            &provider_components_selector("tenantry"),
+        ),
+        components::NAMESPACE,
+    )
+    .await;
+    world
+        .wait_available("capi-system", "capi-controller-manager")
+        .await;
+    world
+        .wait_available(components::NAMESPACE, components::DEPLOYMENT_NAME)
+        .await;
+    operator
+}
+
+#[tokio::test]
+async fn the_operator_installs_and_upgrades_a_manager_whose_tenant_pools_join() {
+    let world = Deployed::start("deployed-operator", true).await;
+    let operator = install_with_operator(&world).await;
+    let world = world.with_kubevirt().await;
+    let Substrate::Kubevirt { factory, .. } = &world.substrate else {
+        unreachable!("KubeVirt world");
+    };
+    // The platform's other parts, simulated: etcd-operator, CABPT.
+    let client = world.client();
+    let _etcd = EtcdSimulator::start(client.clone())
+        .await
+        .expect("etcd simulator");
+    let _cabpt = TalosBootstrapSimulator::start(client.clone())
+        .await
+        .expect("CABPT simulator");
+    world.kamaji.wait_for_data_stores(true);
+
+    // A tenant cluster as a platform user asks for one: its pool joins,
+    // which takes the deployed manager reaching the tenant's apiserver
+    // through Kamaji's Service by its cluster DNS name.
+    let demo = DemoCluster {
+        namespace: NAMESPACE.into(),
+        name: "demo".into(),
+        kubernetes_version: "v1.35".into(),
+        talos_version: TALOS.into(),
+        schematic: DEFAULT_SCHEMATIC.into(),
+        image_factory_url: factory.base_url().to_string(),
+        workers: 2,
+    };
+    tenantry_e2e::manifests::apply_object(&client, &demo.kubernetes(), NAMESPACE)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    tenantry_e2e::manifests::apply_object(&client, &demo.nodes(), NAMESPACE)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    let kamaji = &world.kamaji;
+    let capi_cluster = demo.capi_cluster();
+    let tenant = wait::until("the tenant control plane to run", DEADLINE, || {
+        let capi_cluster = capi_cluster.clone();
+        async move { Ok(kamaji.tenant(NAMESPACE, &capi_cluster)) }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let pool = |replicas: usize| {
+        let world = &world;
+        let tenant = &tenant;
+        let selector = format!("cluster.x-k8s.io/deployment-name={}", demo.deployment());
+        async move {
+            wait::until(
+                format!("{replicas} pool workers joined"),
+                DEADLINE,
+                || async {
+                    let machines = world
+                        .dynamic(&capi("Machine", "machines"))
+                        .list(&ListParams::default().labels(&selector))
+                        .await?
+                        .items;
+                    let nodes = Api::<Node>::all(tenant.client.clone())
+                        .list(&ListParams::default())
+                        .await?
+                        .items;
+                    let running = machines
+                        .iter()
+                        .filter(|m| m.data["status"]["phase"] == "Running")
+                        .count();
+                    let vms = world.vms().await?;
+                    Ok((machines.len() == replicas
+                        && running == replicas
+                        && nodes.len() == replicas
+                        && vms.len() == replicas)
+                        .then(|| Workers {
+                            machines: machines.iter().map(uid).collect(),
+                            vms,
+                        }))
+                },
+            )
+            .await
+            .unwrap_or_else(|e| world.fail(e))
+        }
+    };
+    let before = pool(2).await;
+
+    // The operator's upgrade: a ConfigMap for the next version (the one
+    // before it goes: a selector must match exactly one) and the new
+    // version on the InfrastructureProvider.
+    let (_, next) = next_build().expect("next build");
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), components::NAMESPACE);
+    config_maps
+        .delete(TENANTRY_VERSION, &Default::default())
+        .await
+        .unwrap_or_else(|e| world.fail(e.into()));
+    tenantry_e2e::manifests::apply_object(
+        &client,
+        &compressed_provider_config_map(
+            components::NAMESPACE,
+            NEXT_VERSION,
+            "tenantry",
+            &components::infrastructure_components_yaml_for(&next),
+            &components::metadata_yaml(),
+        ),
+        components::NAMESPACE,
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    ProviderKind::Infrastructure
+        .api(&client, components::NAMESPACE)
+        .patch(
+            components::PROVIDER_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "version": NEXT_VERSION } })),
+        )
+        .await
+        .unwrap_or_else(|e| world.fail(e.into()));
+    world.wait_manager_image(&next).await;
+    let providers = ProviderKind::Infrastructure.api(&client, components::NAMESPACE);
+    wait::until(
+        "the InfrastructureProvider to report the new version",
+        DEADLINE,
+        || {
+            let providers = providers.clone();
+            async move {
+                let provider = providers.get(components::PROVIDER_NAME).await?;
+                Ok((provider.data["status"]["installedVersion"] == NEXT_VERSION).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log_tail(40)));
+
+    // Still the same workers, and the pool still scales.
+    tenantry_e2e::manifests::apply_object(
+        &client,
+        &DemoCluster {
+            workers: 3,
+            ..demo.clone()
+        }
+        .nodes(),
+        NAMESPACE,
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    let after = pool(3).await;
+    assert!(
+        before.machines.is_subset(&after.machines),
+        "a Machine was replaced: {before:?} {after:?}"
+    );
+    assert!(
+        before.vms.is_subset(&after.vms),
+        "a VM was recreated: {before:?} {after:?}"
+    );
 }
