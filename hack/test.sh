@@ -31,7 +31,7 @@ section "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 section "cargo test"
-timeout 50m cargo test --workspace --locked --no-fail-fast
+timeout 65m cargo test --workspace --locked --no-fail-fast
 
 section "fuzz (bounded)"
 # Unoptimised: a cold build takes 5 minutes instead of 15 on 2 cores.

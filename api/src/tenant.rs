@@ -25,8 +25,6 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::kubevirt::DEFAULT_IMAGE_FACTORY_URL;
-
 /// API group of the tenant-facing kinds.
 pub const GROUP: &str = "apps.tenantry.dev";
 
@@ -40,7 +38,9 @@ pub const DEFAULT_STORAGE_CLASS: &str = "replicated";
 /// Talos release of the worker image when `talos.version` is not set.
 pub const DEFAULT_TALOS_VERSION: &str = "v1.13.6";
 /// Image factory schematic of the worker image when `talos.schematicID` is
-/// not set: the vanilla schematic (no system extensions, no kernel arguments).
+/// not set: the siderolabs/qemu-guest-agent system extension and nothing
+/// else (no kernel arguments), the guest agent KubeVirt and Proxmox VE read
+/// a VM's addresses from.
 pub const DEFAULT_TALOS_SCHEMATIC_ID: &str =
     "ce4c980550dd2ab1b17bbf2b08801c7eb59418eafe8f279833297925d67c7515";
 /// Installer image repository when `talos.installerRepository` is not set.
@@ -1097,19 +1097,27 @@ pub struct TalosSettings {
     #[x_kube(validation = Rule::new("self.matches('^v[0-9]+\\\\.[0-9]+\\\\.[0-9]+(-[0-9A-Za-z.-]+)?$')").message("talos.version must be a Talos release such as v1.13.6"))]
     pub version: String,
     /// Image factory schematic ID: 64 lowercase hexadecimal characters. The
-    /// default is the vanilla schematic; use your own for system extensions
-    /// or kernel arguments.
+    /// default carries the siderolabs/qemu-guest-agent system extension and
+    /// nothing else; use your own for other extensions or kernel arguments.
     #[serde(rename = "schematicID", default = "default_talos_schematic_id")]
     #[x_kube(validation = Rule::new("self.matches('^[0-9a-f]{64}$')").message("talos.schematicID must be 64 lowercase hexadecimal characters"))]
     pub schematic_id: String,
     /// Base URL of the Talos image factory that serves the worker disk
     /// image; a self-hosted factory, a caching mirror or an internal HTTP
-    /// server work too. No trailing slash.
-    #[serde(rename = "imageFactoryURL", default = "default_image_factory_url")]
+    /// server work too. No trailing slash. When unset at creation, tenantry's
+    /// admission webhook fills in the platform's default (the manager's
+    /// --talos-image-factory-url, https://factory.talos.dev unless the
+    /// platform configured another), so the object shows what the workers
+    /// boot from.
+    #[serde(
+        rename = "imageFactoryURL",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("!self.endsWith('/')").message("talos.imageFactoryURL must not end with a slash, e.g. https://factory.talos.dev"))]
     #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("talos.imageFactoryURL must be an http:// or https:// URL"))]
-    pub image_factory_url: String,
+    pub image_factory_url: Option<String>,
     /// OCI repository prefix of the Talos installer image, resolved as
     /// `<installerRepository>/<schematicID>:<version>`. No scheme, no
     /// trailing slash.
@@ -1126,12 +1134,21 @@ pub struct TalosSettings {
     pub registry_mirrors: BTreeMap<String, RegistryMirror>,
 }
 
+impl TalosSettings {
+    /// The image factory the workers boot from: `imageFactoryURL`, or
+    /// `default` (the manager's) for an object stored without it, which
+    /// happens only when it bypassed the admission webhook.
+    pub fn image_factory_url_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.image_factory_url.as_deref().unwrap_or(default)
+    }
+}
+
 impl Default for TalosSettings {
     fn default() -> Self {
         Self {
             version: default_talos_version(),
             schematic_id: default_talos_schematic_id(),
-            image_factory_url: default_image_factory_url(),
+            image_factory_url: None,
             installer_repository: default_installer_repository(),
             registry_mirrors: BTreeMap::new(),
         }
@@ -1144,10 +1161,6 @@ fn default_talos_version() -> String {
 
 fn default_talos_schematic_id() -> String {
     DEFAULT_TALOS_SCHEMATIC_ID.to_string()
-}
-
-fn default_image_factory_url() -> String {
-    DEFAULT_IMAGE_FACTORY_URL.to_string()
 }
 
 fn default_installer_repository() -> String {
@@ -1620,7 +1633,8 @@ mod tests {
             "t1.micro"
         );
         assert_eq!(spec.talos.version, "v1.13.6");
-        assert_eq!(spec.talos.image_factory_url, "https://factory.talos.dev");
+        // The manager's default, filled in at admission.
+        assert_eq!(spec.talos.image_factory_url, None);
         assert_eq!(spec.oidc.mode, OidcMode::None);
     }
 
@@ -1645,6 +1659,41 @@ mod tests {
         assert_eq!(
             spec["talos"]["properties"]["installerRepository"]["default"],
             json!("factory.talos.dev/installer")
+        );
+    }
+
+    #[test]
+    fn the_image_factory_url_has_no_schema_default_and_keeps_its_rules() {
+        // The manager's configured default is filled in by the mutating
+        // webhook; a schema default would hide it behind the public factory.
+        let schema = schema();
+        let talos = &schema["properties"]["spec"]["properties"]["talos"];
+        assert!(talos["default"].get("imageFactoryURL").is_none(), "{talos}");
+        let url = &talos["properties"]["imageFactoryURL"];
+        assert!(url.get("default").is_none(), "{url}");
+        assert_eq!(url["maxLength"], json!(512));
+        assert_eq!(
+            url["x-kubernetes-validations"].as_array().map(Vec::len),
+            Some(2)
+        );
+        let talos: TalosSettings = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(
+            talos.image_factory_url_or("http://mirror:8080"),
+            "http://mirror:8080"
+        );
+        assert!(
+            serde_json::to_value(&talos)
+                .unwrap()
+                .get("imageFactoryURL")
+                .is_none()
+        );
+        let talos = TalosSettings {
+            image_factory_url: Some("https://factory.example.org".into()),
+            ..TalosSettings::default()
+        };
+        assert_eq!(
+            talos.image_factory_url_or("http://mirror:8080"),
+            "https://factory.example.org"
         );
     }
 

@@ -16,20 +16,16 @@
 //! clusterctl.yaml                             providers: (file:// URLs), cert-manager:
 //! ```
 //!
-//! **cert-manager.** Nothing runs pods in the harness, so cert-manager cannot
-//! run and no Certificate is ever issued. Before installing providers,
-//! `clusterctl init` checks that cert-manager's API answers by creating (and
-//! deleting) a test Issuer and Certificate in `cert-manager-test`; it does not
-//! wait for the certificate to be issued. The clusterctl.yaml written here
-//! declares cert-manager `externallyProvisioned: "true"`, so clusterctl never
-//! tries to download and install it, only runs that check; tests that run
-//! `init` install cert-manager's own CRDs first
-//! ([`install_cert_manager_crds`], from the cert-manager module at the
-//! version clusterctl pins), which is exactly what makes the check pass. What
-//! this leaves out, on purpose and visibly: the Certificates stay unissued,
-//! their Secrets are never made and the CA injector never fills the webhook
-//! configurations' `caBundle` — the tests assert that state rather than fake
-//! it. In a real management cluster cert-manager does all three.
+//! **cert-manager.** The clusterctl.yaml written here declares cert-manager
+//! `externallyProvisioned: "true"`, so clusterctl never downloads and
+//! installs it, only checks that its API answers (it creates and deletes a
+//! test Issuer and Certificate in `cert-manager-test`). Tests that only
+//! install components provide that API with cert-manager's CRDs
+//! ([`install_cert_manager_crds`], at the version clusterctl pins); there
+//! nothing issues the Certificates, and those tests say so. The
+//! deployed-manager tests run the real cert-manager instead
+//! ([`crate::cert_manager`], in [`crate::management::ManagementCluster`]),
+//! which issues the webhook certificates and injects their CA.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

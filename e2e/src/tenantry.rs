@@ -62,6 +62,15 @@ impl TenantryManager {
     /// certificate from the control plane's CA, and registers the webhooks
     /// with the apiserver by URL (as CAPI's harness does).
     pub async fn start_with_webhooks(control_plane: &ControlPlane) -> anyhow::Result<Self> {
+        Self::start_with_webhooks_and(control_plane, out_of_cluster()).await
+    }
+
+    /// [`Self::start_with_webhooks`] with other settings (its `webhook` is
+    /// replaced by the served one).
+    pub async fn start_with_webhooks_and(
+        control_plane: &ControlPlane,
+        config: ManagerConfig,
+    ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let cert_dir = control_plane.dir().join(format!("tenantry-webhook-{port}"));
         std::fs::create_dir_all(&cert_dir).context("create webhook certificate folder")?;
@@ -74,7 +83,7 @@ impl TenantryManager {
                 bind: ([127, 0, 0, 1], port).into(),
                 cert_dir,
             }),
-            ..out_of_cluster()
+            ..config
         };
         let manager = Self::start_with(control_plane.client(), config);
         wait::until(

@@ -22,20 +22,21 @@ use kube::api::{
 };
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
-use tenantry_api::tenant::Kubernetes;
+use tenantry_api::tenant::{DEFAULT_TALOS_SCHEMATIC_ID, Kubernetes};
 use tenantry_api::tenant_nodes::KubernetesNodes;
 use tenantry_e2e::cluster_api::ClusterApiManager;
 use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
 use tenantry_e2e::pve_lab::{PveLab, TEMPLATE, TEMPLATE_NODE, lab_config};
 use tenantry_e2e::sim::kubevirt::{
-    DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
+    ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
 use tenantry_e2e::sim::tenant::{
     EtcdSimulator, KamajiControlPlaneSimulator, NodeFault, NodeSimConfig, NodeSimulator,
     TalosBootstrapSimulator, TenantClusters, TenantControlPlaneOptions, install_cabpt_crds,
 };
-use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{UpstreamManager, wait};
+use tenantry_provider::runtime::ManagerConfig;
 
 /// Generous upper bound for a step; never the thing measured.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -119,7 +120,9 @@ impl World {
                 let sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
                     .await
                     .expect("start the KubeVirt simulator");
+                // The schematic a `Kubernetes` object that names none gets.
                 let factory = ImageFactory::start(ImageFactoryConfig {
+                    schematics: vec![DEFAULT_TALOS_SCHEMATIC_ID.into()],
                     versions: vec![TALOS.into(), TALOS_NEXT.into()],
                     ..Default::default()
                 })
@@ -140,7 +143,16 @@ impl World {
         let cabpt = TalosBootstrapSimulator::start(client.clone())
             .await
             .expect("start the CABPT simulator");
-        let tenantry = TenantryManager::start_with_webhooks(&control_plane)
+        // As a platform without access to the public factory runs it: its
+        // own factory is the default of clusters that name none.
+        let config = match &substrate {
+            Substrate::Kubevirt { factory, .. } => ManagerConfig {
+                talos_image_factory_url: Some(factory.base_url().trim_end_matches('/').into()),
+                ..out_of_cluster()
+            },
+            Substrate::Proxmox { .. } => out_of_cluster(),
+        };
+        let tenantry = TenantryManager::start_with_webhooks_and(&control_plane, config)
             .await
             .expect("start tenantry");
         Self {
@@ -189,6 +201,25 @@ impl World {
             .create(&PostParams::default(), &object)
             .await
             .expect("create Kubernetes");
+    }
+
+    /// `kubectl apply --server-side` of a `Kubernetes` manifest, as a user
+    /// would; returns the stored object.
+    async fn apply_kubernetes(&self, namespace: &str, name: &str, spec: Value) -> Kubernetes {
+        let manifest = json!({
+            "apiVersion": "apps.tenantry.dev/v1alpha1",
+            "kind": "Kubernetes",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": spec,
+        });
+        Api::<Kubernetes>::namespaced(self.client(), namespace)
+            .patch(
+                name,
+                &PatchParams::apply("platform-user"),
+                &Patch::Apply(manifest),
+            )
+            .await
+            .expect("apply Kubernetes")
     }
 
     async fn create_pool(&self, namespace: &str, name: &str, spec: Value) {
@@ -564,20 +595,22 @@ async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
     };
     let (namespace, name, pool) = ("tenant-a", "demo", "demo-md0");
     world.namespace(namespace).await;
-    world
-        .create_kubernetes(
-            namespace,
-            name,
-            json!({
-                "version": "v1.35",
-                "talos": {
-                    "version": TALOS,
-                    "schematicID": DEFAULT_SCHEMATIC,
-                    "imageFactoryURL": factory.base_url().trim_end_matches('/'),
-                },
-            }),
-        )
-        .await;
+    // A cluster with the default Talos image: it names no image factory
+    // and no schematic, and is stored with the manager's factory.
+    let spec = json!({ "version": "v1.35", "talos": { "version": TALOS } });
+    let factory_url = factory.base_url().trim_end_matches('/');
+    let stored = world.apply_kubernetes(namespace, name, spec.clone()).await;
+    assert_eq!(
+        stored.spec.talos.image_factory_url.as_deref(),
+        Some(factory_url),
+        "the manager's default image factory is stored"
+    );
+    // Applying the same manifest again keeps it.
+    let stored = world.apply_kubernetes(namespace, name, spec).await;
+    assert_eq!(
+        stored.spec.talos.image_factory_url.as_deref(),
+        Some(factory_url)
+    );
     world
         .create_pool(
             namespace,
@@ -597,6 +630,13 @@ async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
         .wait_ready_nodes("two Ready workers", &tenant, namespace, pool, 2, |_| true)
         .await;
     assert!(two.iter().all(|(_, os)| os.contains(TALOS)), "{two:?}");
+    // They booted from the manager's factory, with the default schematic.
+    let image = format!(
+        "/image/{DEFAULT_TALOS_SCHEMATIC_ID}/{TALOS}/{}",
+        tenantry_api::kubevirt::DEFAULT_TALOS_PLATFORM_IMAGE
+    );
+    assert!(factory.requests_for(&image) > 0, "nothing fetched {image}");
+    assert_eq!(factory.not_found(), 0, "the factory answered 404");
     // The deployment carries the autoscaler's bounds and no replicas of ours.
     let md = Api::<DynamicObject>::namespaced_with(
         world.client(),

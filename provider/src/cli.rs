@@ -82,6 +82,12 @@ struct RunArgs {
     /// How many objects each controller reconciles at once (0: no limit).
     #[arg(long, default_value_t = crate::runtime::DEFAULT_MAX_CONCURRENT_RECONCILES, env = "TENANTRY_MAX_CONCURRENT_RECONCILES")]
     max_concurrent_reconciles: u16,
+    /// The Talos image factory of `Kubernetes` objects that name none
+    /// (their talos.imageFactoryURL is set to it at creation): a
+    /// self-hosted factory or a mirror, for air-gapped platforms. A
+    /// trailing slash is dropped.
+    #[arg(long, default_value = tenantry_api::kubevirt::DEFAULT_IMAGE_FACTORY_URL, env = "TENANTRY_TALOS_IMAGE_FACTORY_URL", value_parser = image_factory_url)]
+    talos_image_factory_url: String,
     /// Run the controllers only while holding a Lease, so that several
     /// replicas can run (webhooks are served by all).
     #[arg(long)]
@@ -106,6 +112,27 @@ struct RunArgs {
 
 fn go_duration(text: &str) -> Result<Duration, String> {
     tenantry_api::remediation::parse_duration(text)
+}
+
+/// An http(s) base URL without its trailing slashes, as the CRD's rules on
+/// `talos.imageFactoryURL` want it: a value they refuse would make every
+/// new `Kubernetes` object fail admission. Empty is the public factory, as
+/// the release manifests' other empty values mean the default.
+fn image_factory_url(text: &str) -> Result<String, String> {
+    let url = text.trim().trim_end_matches('/');
+    if url.is_empty() {
+        return Ok(tenantry_api::kubevirt::DEFAULT_IMAGE_FACTORY_URL.to_string());
+    }
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| format!("{text:?} is not an http:// or https:// URL"))?;
+    if rest.is_empty() || url.len() > 512 || url.contains(char::is_whitespace) {
+        return Err(format!(
+            "{text:?} is not a base URL such as https://factory.talos.dev"
+        ));
+    }
+    Ok(url.to_string())
 }
 
 /// Parses the command line and runs the subcommand.
@@ -151,6 +178,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         tenant_kubeconfig_key: Some(args.tenant_kubeconfig_key),
         max_concurrent_reconciles: Some(args.max_concurrent_reconciles),
         readiness: Default::default(),
+        talos_image_factory_url: Some(args.talos_image_factory_url),
     };
     let health = crate::health::serve(args.health_addr, config.readiness.clone());
     let election = args
@@ -221,4 +249,29 @@ fn write_components(out: Option<PathBuf>, image: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_image_factory_url_flag_takes_base_urls_only() {
+        assert_eq!(
+            image_factory_url("http://factory.internal:8080/").as_deref(),
+            Ok("http://factory.internal:8080")
+        );
+        assert_eq!(
+            image_factory_url("").as_deref(),
+            Ok("https://factory.talos.dev")
+        );
+        for refused in [
+            "factory.talos.dev",
+            "ftp://mirror",
+            "https://",
+            "https://a b",
+        ] {
+            assert!(image_factory_url(refused).is_err(), "{refused}");
+        }
+    }
 }

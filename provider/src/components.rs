@@ -77,6 +77,13 @@ pub const VARIABLES: &[Variable] = &[
         default: "json",
         meaning: "`json` or `text`",
     },
+    // Named as the cluster templates' variable, so one setting in
+    // clusterctl.yaml points both at a platform's own factory.
+    Variable {
+        name: "TALOS_IMAGE_FACTORY_URL",
+        default: tenantry_api::kubevirt::DEFAULT_IMAGE_FACTORY_URL,
+        meaning: "the Talos image factory of `Kubernetes` objects that name none (`--talos-image-factory-url`): their `talos.imageFactoryURL` is set to it at creation",
+    },
 ];
 
 /// `${NAME:=default}`, as clusterctl (drone/envsubst) reads it. clusterctl
@@ -423,13 +430,14 @@ fn certificate() -> Value {
 /// pod waits for the old one's Lease, and scaling up adds standbys, never a
 /// second writer.
 fn deployment(image: &str) -> Value {
-    // The two optional flags take their values from the environment
-    // (`$(VAR)` is expanded by the kubelet), where an empty default can
-    // stand alone as a YAML value; `tenantry run` reads empty as unset.
+    // The optional flags take their values from the environment (`$(VAR)`
+    // is expanded by the kubelet), where an empty default can stand alone
+    // as a YAML value; `tenantry run` reads empty as unset.
     let args = vec![
         "run".to_string(),
         "--namespace=$(TENANTRY_WATCH_NAMESPACE)".to_string(),
         "--watch-filter=$(TENANTRY_WATCH_FILTER)".to_string(),
+        "--talos-image-factory-url=$(TENANTRY_TALOS_IMAGE_FACTORY_URL)".to_string(),
         format!("--webhook-bind=0.0.0.0:{WEBHOOK_PORT}"),
         format!("--webhook-cert-dir={CERT_DIR}"),
         format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
@@ -464,6 +472,7 @@ fn deployment(image: &str) -> Value {
                             { "name": "TENANTRY_WATCH_NAMESPACE", "value": variable("TENANTRY_WATCH_NAMESPACE") },
                             { "name": "TENANTRY_WATCH_FILTER", "value": variable("TENANTRY_WATCH_FILTER") },
                             { "name": "TENANTRY_LOG_FORMAT", "value": variable("TENANTRY_LOG_FORMAT") },
+                            { "name": "TENANTRY_TALOS_IMAGE_FACTORY_URL", "value": variable("TALOS_IMAGE_FACTORY_URL") },
                             { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
                             { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
                         ],
@@ -696,6 +705,19 @@ mod tests {
         }
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    }
+
+    #[test]
+    fn the_image_factory_default_is_a_clusterctl_variable_passed_as_a_flag() {
+        let deployment = deployment(DEFAULT_IMAGE);
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        assert!(container["args"].as_array().expect("args").contains(&json!(
+            "--talos-image-factory-url=$(TENANTRY_TALOS_IMAGE_FACTORY_URL)"
+        )));
+        assert!(container["env"].as_array().expect("env").contains(&json!({
+            "name": "TENANTRY_TALOS_IMAGE_FACTORY_URL",
+            "value": "${TALOS_IMAGE_FACTORY_URL:=https://factory.talos.dev}",
+        })));
     }
 
     #[test]

@@ -28,8 +28,13 @@ pub async fn run_elected(
     }
     let webhook = async {
         if let Some(webhook) = config.webhook.clone()
-            && let Err(error) =
-                crate::webhook::serve(webhook, Some(client.clone()), config.readiness.clone()).await
+            && let Err(error) = crate::webhook::serve(
+                webhook,
+                Some(client.clone()),
+                crate::webhook::kubernetes::Defaults::of(&config),
+                config.readiness.clone(),
+            )
+            .await
         {
             tracing::error!(
                 error = format!("{error:#}"),

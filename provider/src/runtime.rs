@@ -155,6 +155,12 @@ pub struct ManagerConfig {
     pub max_concurrent_reconciles: Option<u16>,
     /// What `/readyz` reports; the controllers add their caches to it.
     pub readiness: crate::health::Readiness,
+    /// The Talos image factory a `Kubernetes` object's workers boot from
+    /// when its `talos.imageFactoryURL` is unset (the mutating webhook
+    /// writes it into new objects); the public factory when unset. A
+    /// platform with its own factory or mirror sets it once here instead of
+    /// in every object.
+    pub talos_image_factory_url: Option<String>,
 }
 
 /// Reconciles one controller runs at once unless configured. Unbounded, a
@@ -165,6 +171,14 @@ pub struct ManagerConfig {
 pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 16;
 
 impl ManagerConfig {
+    /// The image factory of objects that name none (see
+    /// [`Self::talos_image_factory_url`]).
+    pub fn default_image_factory_url(&self) -> &str {
+        self.talos_image_factory_url
+            .as_deref()
+            .unwrap_or(tenantry_api::kubevirt::DEFAULT_IMAGE_FACTORY_URL)
+    }
+
     /// The label selector implementing `--watch-filter`, if any.
     pub fn label_selector(&self) -> Option<String> {
         self.watch_filter
@@ -763,5 +777,21 @@ mod tests {
             Some("cluster.x-k8s.io/watch-filter=shard-1")
         );
         assert_eq!(ManagerConfig::default().label_selector(), None);
+    }
+
+    #[test]
+    fn the_default_image_factory_is_the_public_one_unless_configured() {
+        assert_eq!(
+            ManagerConfig::default().default_image_factory_url(),
+            "https://factory.talos.dev"
+        );
+        let config = ManagerConfig {
+            talos_image_factory_url: Some("http://factory.internal:8080".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            config.default_image_factory_url(),
+            "http://factory.internal:8080"
+        );
     }
 }

@@ -21,10 +21,11 @@ use tenantry_e2e::sim::tenant::{
     EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator,
     TalosBootstrapSimulator, TenantClusters, TenantControlPlaneOptions,
 };
-use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{
     ClusterApiManager, ControlPlane, ControlPlaneOptions, Upstream, upstream::Binary,
 };
+use tenantry_provider::runtime::ManagerConfig;
 use tokio::signal::unix::{SignalKind, signal};
 
 const KUBERNETES_VERSION: &str = "v1.35";
@@ -181,6 +182,12 @@ async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> 
         .await
         .context("start the KubeVirt simulator")?;
     let factory = ImageFactory::start(ImageFactoryConfig {
+        // The demo's schematic, and the one a `Kubernetes` object that names
+        // none gets.
+        schematics: vec![
+            DEFAULT_SCHEMATIC.into(),
+            tenantry_api::tenant::DEFAULT_TALOS_SCHEMATIC_ID.into(),
+        ],
         versions: vec![TALOS_VERSION.into(), "v1.13.7".into()],
         ..Default::default()
     })
@@ -209,7 +216,13 @@ async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> 
         },
     );
     nodes.follow_kubevirt(client.clone());
-    let tenantry = TenantryManager::start_with_webhooks(control_plane)
+    // The public factory is out of reach here: objects that name no factory
+    // boot from the sandbox's.
+    let config = ManagerConfig {
+        talos_image_factory_url: Some(factory.base_url().trim_end_matches('/').to_string()),
+        ..out_of_cluster()
+    };
+    let tenantry = TenantryManager::start_with_webhooks_and(control_plane, config)
         .await
         .context("start tenantry")?;
     println!("tenantry, KubeVirt/CDI, Kamaji, etcd, CABPT and kubelet simulators running");

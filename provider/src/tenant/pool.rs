@@ -121,11 +121,13 @@ fn whole_cores(quantity: &str) -> Option<i128> {
 }
 
 /// The machine template's spec on KubeVirt: the Talos disk from the image
-/// factory, the instance type (or explicit cpu/memory), GPUs and roles.
+/// factory (the cluster's, else `default_image_factory_url`), the instance
+/// type (or explicit cpu/memory), GPUs and roles.
 fn kubevirt_template_spec(
     kubernetes: &Kubernetes,
     pool: &KubernetesNodes,
     names: &PoolNames,
+    default_image_factory_url: &str,
 ) -> Value {
     let talos = &kubernetes.spec.talos;
     let mut vm_labels = role_labels(pool);
@@ -172,7 +174,7 @@ fn kubevirt_template_spec(
         // Talos runs no SSH server: nothing to check in the guest.
         "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
         "bootDisk": {
-            "imageFactoryURL": talos.image_factory_url,
+            "imageFactoryURL": talos.image_factory_url_or(default_image_factory_url),
             "schematicID": talos.schematic_id,
             "talosVersion": talos_version(kubernetes),
             "diskSize": pool.spec.disk_size.0,
@@ -258,15 +260,19 @@ pub fn content_hash(spec: &Value) -> String {
 
 /// The infrastructure machine template, named `<objects>-<hash of its
 /// spec>`: a change to what the workers are made of creates a new template
-/// and the MachineDeployment rolls to it.
+/// and the MachineDeployment rolls to it. `default_image_factory_url` is
+/// the manager's, for a cluster stored without `talos.imageFactoryURL`.
 pub fn machine_template(
     kubernetes: &Kubernetes,
     pool: &KubernetesNodes,
     names: &PoolNames,
+    default_image_factory_url: &str,
 ) -> Value {
     let substrate = kubernetes.spec.substrate;
     let spec = match substrate {
-        Substrate::Kubevirt => kubevirt_template_spec(kubernetes, pool, names),
+        Substrate::Kubevirt => {
+            kubevirt_template_spec(kubernetes, pool, names, default_image_factory_url)
+        }
         Substrate::Proxmox => proxmox_template_spec(kubernetes, pool),
     };
     let api_version = match substrate {
@@ -472,6 +478,9 @@ mod tests {
     use tenantry_api::tenant::KubernetesSpec;
     use tenantry_api::tenant_nodes::{KubernetesNodesSpec, WorkerResources};
 
+    /// The manager's default image factory in these tests.
+    const FACTORY: &str = "http://factory.internal:8080";
+
     fn parent(substrate: Substrate) -> Kubernetes {
         let mut k = Kubernetes::new("demo", KubernetesSpec::default());
         k.metadata.namespace = Some("tenant-a".into());
@@ -499,15 +508,15 @@ mod tests {
         let k = parent(Substrate::Kubevirt);
         let p = pool(KubernetesNodesSpec::for_cluster("demo"));
         let names = PoolNames::of(&p).unwrap();
-        let first = machine_template(&k, &p, &names);
-        assert_eq!(first, machine_template(&k, &p, &names), "stable");
+        let first = machine_template(&k, &p, &names, FACTORY);
+        assert_eq!(first, machine_template(&k, &p, &names, FACTORY), "stable");
         let name = first["metadata"]["name"].as_str().unwrap();
         assert!(name.starts_with("kubernetes-demo-md0-") && name.len() == 20 + HASH_LENGTH);
 
         let mut upgraded = k.clone();
         upgraded.spec.talos.version = "v1.13.7".into();
         assert_ne!(
-            machine_template(&upgraded, &p, &names)["metadata"]["name"],
+            machine_template(&upgraded, &p, &names, FACTORY)["metadata"]["name"],
             first["metadata"]["name"]
         );
 
@@ -516,14 +525,14 @@ mod tests {
         scaled.spec.min_replicas = 5;
         scaled.spec.kubelet.eviction_hard_memory = "5%".into();
         assert_eq!(
-            machine_template(&k, &scaled, &names)["metadata"]["name"],
+            machine_template(&k, &scaled, &names, FACTORY)["metadata"]["name"],
             first["metadata"]["name"]
         );
 
         let mut bigger = p.clone();
         bigger.spec.disk_size = Quantity("40Gi".into());
         assert_ne!(
-            machine_template(&k, &bigger, &names)["metadata"]["name"],
+            machine_template(&k, &bigger, &names, FACTORY)["metadata"]["name"],
             first["metadata"]["name"]
         );
     }
@@ -534,7 +543,7 @@ mod tests {
         let mut p = pool(KubernetesNodesSpec::for_cluster("demo"));
         p.spec.roles = vec!["ingress-nginx".into()];
         let names = PoolNames::of(&p).unwrap();
-        let t = machine_template(&k, &p, &names);
+        let t = machine_template(&k, &p, &names, FACTORY);
         let spec = &t["spec"]["template"]["spec"];
         assert_eq!(
             spec["virtualMachineTemplate"]["spec"]["instancetype"]["name"],
@@ -555,11 +564,38 @@ mod tests {
             cpu: Some(Quantity("3".into())),
             memory: Some(Quantity("6Gi".into())),
         });
-        let t = machine_template(&k, &p, &names);
+        let t = machine_template(&k, &p, &names, FACTORY);
         let vm = &t["spec"]["template"]["spec"]["virtualMachineTemplate"]["spec"];
         assert!(vm["instancetype"].is_null());
         assert_eq!(vm["template"]["spec"]["domain"]["cpu"]["cores"], 3);
         assert_eq!(vm["template"]["spec"]["domain"]["memory"]["guest"], "6Gi");
+    }
+
+    #[test]
+    fn kubevirt_workers_boot_from_the_clusters_factory_else_the_managers() {
+        let mut k = parent(Substrate::Kubevirt);
+        let p = pool(KubernetesNodesSpec::for_cluster("demo"));
+        let names = PoolNames::of(&p).unwrap();
+        let boot_disk = |k: &Kubernetes, default: &str| {
+            machine_template(k, &p, &names, default)["spec"]["template"]["spec"]["bootDisk"].clone()
+        };
+        // Stored without one (it bypassed the webhook): the manager's.
+        assert_eq!(boot_disk(&k, FACTORY)["imageFactoryURL"], FACTORY);
+        assert_eq!(
+            boot_disk(&k, FACTORY)["schematicID"],
+            tenantry_api::tenant::DEFAULT_TALOS_SCHEMATIC_ID
+        );
+        k.spec.talos.image_factory_url = Some("https://mirror.example.org".into());
+        assert_eq!(
+            boot_disk(&k, FACTORY)["imageFactoryURL"],
+            "https://mirror.example.org"
+        );
+        // The cluster's own value wins whatever the manager's default is,
+        // so a new manager default rolls no pool that names its factory.
+        assert_eq!(
+            machine_template(&k, &p, &names, FACTORY)["metadata"]["name"],
+            machine_template(&k, &p, &names, "https://factory.talos.dev")["metadata"]["name"]
+        );
     }
 
     #[test]
@@ -575,7 +611,7 @@ mod tests {
             template_selector: None,
         });
         let names = PoolNames::of(&p).unwrap();
-        let t = machine_template(&k, &p, &names);
+        let t = machine_template(&k, &p, &names, FACTORY);
         assert_eq!(t["kind"], "ProxmoxMachineTemplate");
         let spec = &t["spec"]["template"]["spec"];
         assert_eq!(spec["pool"], "tenant-a");

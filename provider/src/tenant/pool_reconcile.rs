@@ -612,7 +612,12 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
     );
 
     let owner = owner_reference(&pool);
-    let template = pool::machine_template(&kubernetes, &pool, &names);
+    let template = pool::machine_template(
+        &kubernetes,
+        &pool,
+        &names,
+        ctx.config.default_image_factory_url(),
+    );
     let template_kind = template["kind"].as_str().unwrap_or_default().to_string();
     let template_name = template["metadata"]["name"]
         .as_str()

@@ -1,12 +1,41 @@
 //! The admission webhooks of `Kubernetes` objects: the rules of
-//! `tenant::admission` served over the AdmissionReview protocol.
+//! `tenant::admission` served over the AdmissionReview protocol, and the
+//! defaults a new object takes from the manager's configuration.
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 use serde_json::Value;
 use tenantry_api::tenant::Kubernetes;
 
+use crate::runtime::ManagerConfig;
 use crate::tenant::admission;
+
+/// What the mutating webhook fills into a new object from the manager's
+/// configuration rather than from the CRD schema: a platform's own
+/// settings, which one CRD cannot know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// `spec.talos.imageFactoryURL` of an object that names none.
+    pub talos_image_factory_url: String,
+}
+
+impl Defaults {
+    /// The defaults of a manager run with `config`.
+    pub fn of(config: &ManagerConfig) -> Self {
+        Self {
+            talos_image_factory_url: config.default_image_factory_url().to_string(),
+        }
+    }
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self::of(&ManagerConfig::default())
+    }
+}
+
+/// Where the manager's image factory default goes.
+const IMAGE_FACTORY_URL_PATH: [&str; 3] = ["spec", "talos", "imageFactoryURL"];
 
 /// What the validating webhook answers.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -96,6 +125,42 @@ pub fn mutate(
     Ok((json_patch::diff(&before, &after), notes))
 }
 
+/// The JSON patch filling in what a new object leaves to the manager:
+/// `spec.talos.imageFactoryURL`, so the stored object shows the factory its
+/// workers boot from. Only on CREATE: a stored object keeps what it has,
+/// and one stored without it (it bypassed this webhook) is left to the
+/// reconcilers' fallback to the same default. Empty when there is nothing
+/// to fill in, or the object is not shaped as the schema wants (the schema's
+/// own error comes next).
+pub fn default(
+    request: &AdmissionRequest<DynamicObject>,
+    defaults: &Defaults,
+) -> json_patch::Patch {
+    let nothing = json_patch::Patch(Vec::new());
+    let Some(object) = request.object.as_ref() else {
+        return nothing;
+    };
+    if request.operation != Operation::Create {
+        return nothing;
+    }
+    let Ok(before) = serde_json::to_value(object) else {
+        return nothing;
+    };
+    let spec = &before["spec"];
+    let talos = &spec["talos"];
+    let shaped = spec.is_object() && (talos.is_null() || talos.is_object());
+    if !shaped || !talos["imageFactoryURL"].is_null() {
+        return nothing;
+    }
+    let mut after = before.clone();
+    set(
+        &mut after,
+        &IMAGE_FACTORY_URL_PATH,
+        Value::String(defaults.talos_image_factory_url.clone()),
+    );
+    json_patch::diff(&before, &after)
+}
+
 /// Sets `path` in `value` to `new`, creating objects on the way; an empty
 /// list is left out when the field is absent, as the client sent it.
 fn set(value: &mut Value, path: &[&str], new: Value) {
@@ -182,6 +247,67 @@ mod tests {
         let (patch, notes) = mutate(&request("CREATE", object, None)).expect("mutate");
         assert!(patch.0.is_empty());
         assert!(notes.is_empty());
+    }
+
+    fn defaults() -> Defaults {
+        Defaults {
+            talos_image_factory_url: "http://factory.internal:8080".into(),
+        }
+    }
+
+    fn patched(object: &Value, patch: &json_patch::Patch) -> Value {
+        let mut patched = object.clone();
+        json_patch::patch(&mut patched, patch).expect("patch applies");
+        patched
+    }
+
+    #[test]
+    fn a_new_object_without_a_factory_gets_the_managers() {
+        // As the apiserver sends it: the schema has defaulted `talos`.
+        let object = kubernetes(json!({ "talos": { "version": "v1.13.6" } }));
+        let patch = default(&request("CREATE", object.clone(), None), &defaults());
+        assert_eq!(
+            patched(&object, &patch)["spec"]["talos"],
+            json!({ "version": "v1.13.6", "imageFactoryURL": "http://factory.internal:8080" })
+        );
+        // Without `talos` at all (a client that skipped the schema).
+        let object = kubernetes(json!({ "version": "v1.35" }));
+        let patch = default(&request("CREATE", object.clone(), None), &defaults());
+        assert_eq!(
+            patched(&object, &patch)["spec"]["talos"],
+            json!({ "imageFactoryURL": "http://factory.internal:8080" })
+        );
+        assert_eq!(
+            Defaults::default().talos_image_factory_url,
+            "https://factory.talos.dev"
+        );
+    }
+
+    #[test]
+    fn a_new_object_naming_its_factory_keeps_it() {
+        let object =
+            kubernetes(json!({ "talos": { "imageFactoryURL": "https://mirror.example.org" } }));
+        let patch = default(&request("CREATE", object, None), &defaults());
+        assert!(patch.0.is_empty(), "{patch:?}");
+    }
+
+    #[test]
+    fn an_update_is_not_defaulted() {
+        // Stored without the field (it bypassed the webhook): the
+        // reconcilers fall back to the same default; nothing is written.
+        let object = kubernetes(json!({ "talos": { "version": "v1.13.7" } }));
+        let old = kubernetes(json!({ "talos": { "version": "v1.13.6" } }));
+        let patch = default(&request("UPDATE", object, Some(old)), &defaults());
+        assert!(patch.0.is_empty(), "{patch:?}");
+    }
+
+    #[test]
+    fn a_misshapen_object_is_left_to_the_schema() {
+        for spec in [json!("nonsense"), json!({ "talos": "nonsense" })] {
+            let object = kubernetes(spec);
+            let patch = default(&request("CREATE", object, None), &defaults());
+            assert!(patch.0.is_empty(), "{patch:?}");
+        }
     }
 
     #[test]

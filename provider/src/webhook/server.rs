@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::configuration::{MUTATING_ENDPOINTS, VALIDATING_ENDPOINTS};
-use super::kubernetes::{self, Decision};
+use super::kubernetes::{self, Decision, Defaults};
 use super::kubernetes_nodes;
 use super::templates::{IMMUTABLE_TEMPLATE_KINDS, validate_template_update};
 
@@ -39,11 +39,13 @@ pub struct WebhookConfig {
 }
 
 /// Serves the webhooks until the task is dropped. `client` looks up what
-/// a decision depends on (a pool's parent cluster); `readiness` learns when
+/// a decision depends on (a pool's parent cluster); `defaults` is what new
+/// objects take from the manager's configuration; `readiness` learns when
 /// the listener serves with its certificate loaded.
 pub async fn serve(
     config: WebhookConfig,
     client: Option<kube::Client>,
+    defaults: Defaults,
     readiness: crate::health::Readiness,
 ) -> anyhow::Result<()> {
     let resolver = Arc::new(ReloadingCertificate::new(&config.cert_dir)?);
@@ -61,7 +63,7 @@ pub async fn serve(
         .with_context(|| format!("listen on {}", config.bind))?;
     tracing::info!(address = %config.bind, "serving admission webhooks");
     readiness.webhooks_serving();
-    let app = router(client);
+    let app = router(client, defaults);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -91,9 +93,16 @@ pub async fn serve(
     }
 }
 
+/// What every request handler may read.
+#[derive(Clone)]
+struct Shared {
+    client: Option<kube::Client>,
+    defaults: Arc<Defaults>,
+}
+
 /// The HTTP routes: one per validating and mutating endpoint, plus a
 /// health check.
-pub fn router(client: Option<kube::Client>) -> Router {
+pub fn router(client: Option<kube::Client>, defaults: Defaults) -> Router {
     let mut router = Router::new().route("/healthz", get(|| async { "ok" }));
     for endpoint in VALIDATING_ENDPOINTS {
         router = router.route(endpoint.path, post(validate));
@@ -101,11 +110,14 @@ pub fn router(client: Option<kube::Client>) -> Router {
     for endpoint in MUTATING_ENDPOINTS {
         router = router.route(endpoint.path, post(mutate));
     }
-    router.with_state(client)
+    router.with_state(Shared {
+        client,
+        defaults: Arc::new(defaults),
+    })
 }
 
 async fn validate(
-    State(client): State<Option<kube::Client>>,
+    State(Shared { client, .. }): State<Shared>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
@@ -130,6 +142,7 @@ async fn validate(
 }
 
 async fn mutate(
+    State(Shared { defaults, .. }): State<Shared>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
@@ -138,15 +151,23 @@ async fn mutate(
     };
     let response = AdmissionResponse::from(&request);
     let response = match request.kind.kind.as_str() {
+        // The moves and the defaults touch disjoint fields of the object
+        // as sent, so their patches apply one after the other.
         "Kubernetes" => match kubernetes::mutate(&request) {
-            Ok((patch, _)) if patch.0.is_empty() => response,
-            Ok((patch, notes)) => match response.clone().with_patch(patch) {
-                Ok(mut patched) => {
-                    patched.warnings = Some(notes);
-                    patched
+            Ok((mut patch, notes)) => {
+                patch.0.extend(kubernetes::default(&request, &defaults).0);
+                if patch.0.is_empty() {
+                    response
+                } else {
+                    match response.clone().with_patch(patch) {
+                        Ok(mut patched) => {
+                            patched.warnings = (!notes.is_empty()).then_some(notes);
+                            patched
+                        }
+                        Err(error) => response.deny(format!("cannot encode the patch: {error}")),
+                    }
                 }
-                Err(error) => response.deny(format!("cannot encode the patch: {error}")),
-            },
+            }
             // Mutating webhooks run before the schema is checked: an
             // object the types cannot read gets the schema's own error
             // next, which names the field better than a decoding error.
