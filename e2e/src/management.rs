@@ -210,6 +210,83 @@ impl ManagementCluster {
         self.control_plane.client()
     }
 
+    /// Waits until Deployment `namespace/name` is available with every
+    /// replica updated and ready (what `kubectl rollout status` waits for).
+    pub async fn wait_available(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<()> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let deployments: kube::Api<Deployment> = kube::Api::namespaced(self.client(), namespace);
+        crate::wait::until(
+            format!("Deployment {namespace}/{name} to be available"),
+            timeout,
+            || {
+                let deployments = deployments.clone();
+                async move {
+                    let Some(deployment) = deployments.get_opt(name).await? else {
+                        return Ok(None);
+                    };
+                    let status = deployment.status.unwrap_or_default();
+                    let available = status
+                        .conditions
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Available" && c.status == "True")
+                        && status.updated_replicas == status.replicas
+                        && status.ready_replicas == status.replicas;
+                    Ok(available.then_some(()))
+                }
+            },
+        )
+        .await
+    }
+
+    /// `clusterctl init` of Cluster API core and tenantry from a local
+    /// repository holding this build's release (its image pinned by digest)
+    /// and the next build's, with `variables` in clusterctl's environment;
+    /// returns once both managers' Deployments are available.
+    pub async fn install_with_clusterctl(
+        &self,
+        variables: &std::collections::BTreeMap<String, String>,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<crate::clusterctl::Clusterctl> {
+        use crate::clusterctl::{Clusterctl, TENANTRY_VERSION};
+        let image = tenantry_image_reference()?;
+        let (_, next) = next_build()?;
+        let clusterctl =
+            Clusterctl::with_releases(&[(TENANTRY_VERSION, &image), (NEXT_VERSION, &next)])?;
+        clusterctl
+            .run(
+                self.control_plane.kubeconfig_path(),
+                &[
+                    "init",
+                    "--core",
+                    &clusterctl.core_provider(),
+                    "--bootstrap=-",
+                    "--control-plane=-",
+                    "--infrastructure",
+                    &format!(
+                        "{}:{TENANTRY_VERSION}",
+                        tenantry_provider::components::PROVIDER_NAME
+                    ),
+                ],
+                variables,
+            )
+            .await?;
+        self.wait_available("capi-system", "capi-controller-manager", timeout)
+            .await?;
+        self.wait_available(
+            tenantry_provider::components::NAMESPACE,
+            tenantry_provider::components::DEPLOYMENT_NAME,
+            timeout,
+        )
+        .await?;
+        Ok(clusterctl)
+    }
+
     /// What `kubectl get` shows of the workloads and the last events, for
     /// failure messages.
     pub fn describe(&self) -> String {

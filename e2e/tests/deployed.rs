@@ -17,7 +17,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -169,35 +168,12 @@ impl Deployed {
     /// repository holding this build's release (image pinned by digest);
     /// both managers become available.
     async fn install_with_clusterctl(self) -> (Self, Clusterctl) {
-        let world = self;
-        let image = tenantry_image_reference().expect("tenantry image (hack/image.sh)");
-        let (_, next) = next_build().expect("the next build's image");
-        let clusterctl =
-            Clusterctl::with_releases(&[(TENANTRY_VERSION, &image), (NEXT_VERSION, &next)])
-                .expect("local repository");
-        clusterctl
-            .run(
-                world.cluster.control_plane.kubeconfig_path(),
-                &[
-                    "init",
-                    "--core",
-                    &clusterctl.core_provider(),
-                    "--bootstrap=-",
-                    "--control-plane=-",
-                    "--infrastructure",
-                    &clusterctl.infrastructure_provider(),
-                ],
-                &Default::default(),
-            )
+        let clusterctl = self
+            .cluster
+            .install_with_clusterctl(&Default::default(), DEADLINE)
             .await
-            .unwrap_or_else(|e| world.fail(e));
-        world
-            .wait_available("capi-system", "capi-controller-manager")
-            .await;
-        world
-            .wait_available(components::NAMESPACE, components::DEPLOYMENT_NAME)
-            .await;
-        (world, clusterctl)
+            .unwrap_or_else(|e| self.fail(e));
+        (self, clusterctl)
     }
 
     fn client(&self) -> kube::Client {
@@ -217,30 +193,10 @@ impl Deployed {
     }
 
     async fn wait_available(&self, namespace: &str, name: &str) {
-        let deployments: Api<Deployment> = Api::namespaced(self.client(), namespace);
-        wait::until(
-            format!("Deployment {namespace}/{name} to be available"),
-            DEADLINE,
-            || {
-                let deployments = deployments.clone();
-                async move {
-                    let Some(deployment) = deployments.get_opt(name).await? else {
-                        return Ok(None);
-                    };
-                    let status = deployment.status.unwrap_or_default();
-                    let available = status
-                        .conditions
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Available" && c.status == "True")
-                        && status.updated_replicas == status.replicas
-                        && status.ready_replicas == status.replicas;
-                    Ok(available.then_some(()))
-                }
-            },
-        )
-        .await
-        .unwrap_or_else(|e| self.fail(e));
+        self.cluster
+            .wait_available(namespace, name, DEADLINE)
+            .await
+            .unwrap_or_else(|e| self.fail(e));
     }
 
     /// The manager's Deployment runs `image` on all its pods, and only them.

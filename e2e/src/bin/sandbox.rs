@@ -5,6 +5,7 @@
 //! running until Ctrl-C or SIGTERM. `hack/sandbox.sh` builds what is
 //! missing and runs this.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,7 +14,9 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
+use tenantry_e2e::clusterctl::Clusterctl;
 use tenantry_e2e::demo::DemoCluster;
+use tenantry_e2e::management::ManagementCluster;
 use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
@@ -48,6 +51,13 @@ struct Args {
     /// Workers of the demo cluster's pool (its minReplicas).
     #[arg(long, default_value_t = 3)]
     workers: u32,
+    /// Run Cluster API and tenantry as a cluster runs them: installed by
+    /// `clusterctl init` from this build's release components into a
+    /// management cluster whose pods run (the e2e pod runner), tenantry
+    /// from its image (`hack/image.sh`), with the real cert-manager. Needs
+    /// root.
+    #[arg(long)]
+    deployed: bool,
 }
 
 /// Everything the demo runs besides the control plane and CAPI. Field
@@ -55,7 +65,9 @@ struct Args {
 struct Demo {
     nodes: NodeSimulator,
     cabpt: TalosBootstrapSimulator,
-    _tenantry: TenantryManager,
+    /// In-process, unless deployed (then its pod runs in the cluster).
+    _tenantry: Option<TenantryManager>,
+    _clusterctl: Option<Clusterctl>,
     etcd: EtcdSimulator,
     kamaji: KamajiControlPlaneSimulator,
     _kubevirt: KubevirtSimulator,
@@ -76,21 +88,38 @@ async fn main() -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
 
     let started = std::time::Instant::now();
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: "sandbox".into(),
-        ..Default::default()
-    })
-    .await?;
+    let (management, plain) = if args.deployed {
+        let management = ManagementCluster::start("sandbox").await?;
+        println!(
+            "management cluster (pods run on node {}, address {}) with cert-manager",
+            management.runner.node_name(),
+            management.node_ip()
+        );
+        (Some(management), None)
+    } else {
+        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
+            name: "sandbox".into(),
+            ..Default::default()
+        })
+        .await?;
+        (None, Some(control_plane))
+    };
+    let control_plane: &ControlPlane = match (&management, &plain) {
+        (Some(management), _) => &management.control_plane,
+        (None, Some(control_plane)) => control_plane,
+        (None, None) => unreachable!("one or the other"),
+    };
     println!(
         "control plane up at {} in {:.1}s",
         control_plane.server_url(),
         started.elapsed().as_secs_f64()
     );
-    let cluster_api = if args.no_cluster_api {
+    // Deployed, clusterctl installs Cluster API with tenantry (below).
+    let cluster_api = if args.no_cluster_api || args.deployed {
         None
     } else {
         let started = std::time::Instant::now();
-        let manager = ClusterApiManager::start(&control_plane).await?;
+        let manager = ClusterApiManager::start(control_plane).await?;
         println!(
             "Cluster API core manager ready in {:.1}s (log: {})",
             started.elapsed().as_secs_f64(),
@@ -99,9 +128,12 @@ async fn main() -> anyhow::Result<()> {
         Some(manager)
     };
 
-    let demo = match &cluster_api {
-        Some(_) => Some(start_demo_world(&control_plane).await?),
-        None => None,
+    let demo = match (&cluster_api, &management) {
+        (Some(_), _) => Some(start_demo_world(control_plane, None).await?),
+        (None, Some(management)) if !args.no_cluster_api => {
+            Some(start_demo_world(control_plane, Some(management)).await?)
+        }
+        _ => None,
     };
 
     if let Some(parent) = args
@@ -135,7 +167,7 @@ async fn main() -> anyhow::Result<()> {
                 workers: args.workers,
             };
             tokio::select! {
-                result = run_demo(&control_plane, demo, &cluster, &kubectl, &kubeconfig_dir) => {
+                result = run_demo(control_plane, demo, &cluster, &kubectl, &kubeconfig_dir) => {
                     result?;
                     false
                 }
@@ -162,7 +194,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(manager) = cluster_api {
         manager.stop();
     }
-    control_plane.stop();
+    if let Some(control_plane) = plain {
+        control_plane.stop();
+    }
+    // A management cluster stops its pods, cert-manager and control plane
+    // and removes its node network when dropped.
+    drop(management);
     let _ = std::fs::remove_file(&args.kubeconfig);
     if let Some(dir) = args.kubeconfig.parent() {
         let _ = std::fs::remove_file(dir.join("demo.kubeconfig"));
@@ -172,12 +209,19 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// tenantry, the KubeVirt/CDI simulator, an image factory, Kamaji and the
-/// tenant nodes' kubelets.
-async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> {
+/// tenant nodes' kubelets. With a management cluster, Cluster API and
+/// tenantry are installed into it by clusterctl and run as its pods;
+/// otherwise tenantry runs in this process.
+async fn start_demo_world(
+    control_plane: &ControlPlane,
+    management: Option<&ManagementCluster>,
+) -> anyhow::Result<Demo> {
     let client = control_plane.client();
-    tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-        .await
-        .context("install tenantry's CRDs")?;
+    if management.is_none() {
+        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
+            .await
+            .context("install tenantry's CRDs")?;
+    }
     let kubevirt = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::default())
         .await
         .context("start the KubeVirt simulator")?;
@@ -197,7 +241,11 @@ async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> 
     let kamaji = KamajiControlPlaneSimulator::start(
         client.clone(),
         tenants.clone(),
-        TenantControlPlaneOptions::default(),
+        TenantControlPlaneOptions {
+            // Deployed managers reach tenants through Kamaji's Service.
+            address: management.map(ManagementCluster::node_ip),
+            ..Default::default()
+        },
     )
     .await
     .context("start the Kamaji simulator")?;
@@ -218,18 +266,39 @@ async fn start_demo_world(control_plane: &ControlPlane) -> anyhow::Result<Demo> 
     nodes.follow_kubevirt(client.clone());
     // The public factory is out of reach here: objects that name no factory
     // boot from the sandbox's.
-    let config = ManagerConfig {
-        talos_image_factory_url: Some(factory.base_url().trim_end_matches('/').to_string()),
-        ..out_of_cluster()
+    let factory_url = factory.base_url().trim_end_matches('/').to_string();
+    let (tenantry, clusterctl) = match management {
+        None => {
+            let config = ManagerConfig {
+                talos_image_factory_url: Some(factory_url),
+                ..out_of_cluster()
+            };
+            let tenantry = TenantryManager::start_with_webhooks_and(control_plane, config)
+                .await
+                .context("start tenantry")?;
+            (Some(tenantry), None)
+        }
+        Some(management) => {
+            let started = std::time::Instant::now();
+            let variables = BTreeMap::from([("TALOS_IMAGE_FACTORY_URL".to_string(), factory_url)]);
+            let clusterctl = management
+                .install_with_clusterctl(&variables, Duration::from_secs(300))
+                .await
+                .context("clusterctl init of Cluster API and tenantry")?;
+            println!(
+                "clusterctl installed Cluster API and tenantry ({}) in {:.1}s; their pods run",
+                tenantry_e2e::management::tenantry_image_reference()?,
+                started.elapsed().as_secs_f64()
+            );
+            (None, Some(clusterctl))
+        }
     };
-    let tenantry = TenantryManager::start_with_webhooks_and(control_plane, config)
-        .await
-        .context("start tenantry")?;
     println!("tenantry, KubeVirt/CDI, Kamaji, etcd, CABPT and kubelet simulators running");
     Ok(Demo {
         nodes,
         cabpt,
         _tenantry: tenantry,
+        _clusterctl: clusterctl,
         etcd,
         kamaji,
         _kubevirt: kubevirt,
