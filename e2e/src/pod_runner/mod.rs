@@ -1059,7 +1059,9 @@ fn identity(
 }
 
 /// Where [`PodRunner`] keeps unpacked images: shared by every runner of
-/// this machine, next to the upstream binaries.
+/// this machine, next to the upstream binaries. Each build of tenantry adds
+/// its image, so entries unpacked more than three days ago are removed
+/// (containers run from hard-linked copies, which stay valid).
 pub fn image_cache() -> anyhow::Result<PathBuf> {
     let dir = crate::Upstream::locate()?
         .root()
@@ -1067,6 +1069,13 @@ pub fn image_cache() -> anyhow::Result<PathBuf> {
         .map(|p| p.join("pod-runner-images"))
         .context("cache root")?;
     std::fs::create_dir_all(&dir)?;
+    let old = std::time::SystemTime::now() - Duration::from_secs(3 * 24 * 3600);
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let created = entry.metadata().and_then(|m| m.modified());
+        if created.is_ok_and(|t| t < old) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
     Ok(dir)
 }
 
