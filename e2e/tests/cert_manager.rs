@@ -66,18 +66,26 @@ async fn ready_certificate(
     cert_manager: &CertManager,
 ) -> DynamicObject {
     let api = certificates(client);
-    wait::until(format!("Certificate {name} Ready"), DEADLINE, || {
-        let api = api.clone();
-        async move {
-            let certificate = api.get(name).await?;
-            let ready = certificate.data["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            Ok(ready.then_some(certificate))
-        }
-    })
+    // cert-manager's readiness controller can mark the Certificate Ready from
+    // the new Secret before the issuing controller records the revision, so
+    // an issued Certificate is one that is both.
+    wait::until(
+        format!("Certificate {name} Ready and issued"),
+        DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let certificate = api.get(name).await?;
+                let ready = certificate.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                let issued = certificate.data["status"]["revision"].is_u64();
+                Ok((ready && issued).then_some(certificate))
+            }
+        },
+    )
     .await
     .unwrap_or_else(|error| panic!("{error:#}\n{}", cert_manager.log_tails(40)))
 }

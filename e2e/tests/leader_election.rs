@@ -15,12 +15,17 @@ use tenantry_provider::leader::{self, LeaderElectionConfig, LeadershipLost};
 
 const LEASE: &str = "tenantry-manager-leader";
 
+/// Short leases, so a dead leader is replaced quickly.
 fn config(identity: &str) -> LeaderElectionConfig {
+    config_with_lease(identity, Duration::from_secs(4))
+}
+
+fn config_with_lease(identity: &str, lease_duration: Duration) -> LeaderElectionConfig {
     LeaderElectionConfig {
         namespace: "default".into(),
         name: LEASE.into(),
         identity: identity.into(),
-        lease_duration: Duration::from_secs(4),
+        lease_duration,
         renew_deadline: Duration::from_secs(3),
         retry_period: Duration::from_secs(1),
     }
@@ -50,8 +55,14 @@ async fn one_leader_at_a_time_and_handover() {
         .expect("the first replica leads");
     assert_eq!(holder(&client).await.as_deref(), Some("replica-a"));
 
-    // The second waits while the first leads and renews.
-    let second = tokio::spawn(leader::acquire(client.clone(), config("replica-b")));
+    // The second waits while the first leads and renews. Once it leads, it
+    // holds a long Lease, so below a third replica that got it before the
+    // Lease could expire can only have got it from the release.
+    const LONG_LEASE: Duration = Duration::from_secs(90);
+    let second = tokio::spawn(leader::acquire(
+        client.clone(),
+        config_with_lease("replica-b", LONG_LEASE),
+    ));
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(
         !second.is_finished(),
@@ -70,24 +81,24 @@ async fn one_leader_at_a_time_and_handover() {
         .expect("acquire");
     let handover = killed_at.elapsed();
     assert_eq!(holder(&client).await.as_deref(), Some("replica-b"));
-    // Within the lease duration after the last renewal, plus the follower's
-    // retry: generous bound, not the figure.
+    // The 4 s Lease expired and the follower took it: a generous bound
+    // (a busy machine delays renewals and retries), not the figure.
     assert!(
-        handover < Duration::from_secs(4 + 4),
-        "handover took {handover:?}, beyond the lease duration"
+        handover < Duration::from_secs(25),
+        "handover took {handover:?}"
     );
 
     // A clean shutdown releases at once: a third replica leads right away.
     let third = tokio::spawn(leader::acquire(client.clone(), config("replica-c")));
     second.release().await;
     let released_at = Instant::now();
-    let mut third = tokio::time::timeout(Duration::from_secs(30), third)
+    let mut third = tokio::time::timeout(Duration::from_secs(60), third)
         .await
-        .expect("the third replica takes over")
+        .expect("a released Lease is taken without waiting for it to expire")
         .expect("task")
         .expect("acquire");
     assert!(
-        released_at.elapsed() < Duration::from_secs(4),
+        released_at.elapsed() < LONG_LEASE,
         "a released Lease is taken without waiting for it to expire"
     );
 

@@ -113,19 +113,46 @@ pub async fn acquire(
         .as_secs()
         .saturating_sub(half_deadline)
         .max(1);
-    let manager = LeaseManagerBuilder::new(client.clone(), &config.name)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(config.lease_duration.as_secs())
-        .with_grace(grace)
-        .build()
-        .await?;
-    let (mut state, task) = manager.watch().await;
+    let start_manager = || async {
+        let manager = LeaseManagerBuilder::new(client.clone(), &config.name)
+            .with_namespace(&config.namespace)
+            .with_identity(&config.identity)
+            .with_duration(config.lease_duration.as_secs())
+            .with_grace(grace)
+            .build()
+            .await?;
+        anyhow::Ok(manager.watch().await)
+    };
+    let (mut state, mut task) = start_manager().await?;
     tracing::info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "waiting for leadership");
+    // kube-lease-manager's follower sleeps until the holder's Lease would
+    // expire, even when the holder released it on shutdown. Looking every
+    // retry period, as client-go's followers do, and starting a fresh lease
+    // manager (which takes a Lease without holder at once) when it is
+    // released makes a handover immediate.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    let mut look = tokio::time::interval(config.retry_period);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    look.tick().await;
     while !*state.borrow_and_update() {
-        if state.changed().await.is_err() {
-            let ended = task.await;
-            anyhow::bail!("the lease manager stopped before leading: {ended:?}");
+        tokio::select! {
+            changed = state.changed() => {
+                if changed.is_err() {
+                    let ended = (&mut task).await;
+                    anyhow::bail!("the lease manager stopped before leading: {ended:?}");
+                }
+            }
+            _ = look.tick() => {
+                let released = matches!(
+                    leases.get_opt(&config.name).await,
+                    Ok(Some(lease)) if lease.spec.as_ref().is_none_or(|s| s.holder_identity.is_none())
+                );
+                if released {
+                    tracing::debug!(lease = %config.name, "the Lease was released: taking it");
+                    task.abort();
+                    (state, task) = start_manager().await?;
+                }
+            }
         }
     }
     tracing::info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "leading");
