@@ -1434,3 +1434,113 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
         "CAPI does not see it provisioned"
     );
 }
+
+/// Platforms put Multus networks, live-migration and CDI settings in the
+/// embedded metadata of CAPK-shaped templates; the CRD must keep them and
+/// the VM, the VMI and the DataVolume must carry them.
+#[tokio::test]
+async fn nested_template_metadata_reaches_the_vm_the_vmi_and_the_data_volume() {
+    let world = World::start().await;
+    world.create_cluster("meta", json!({})).await;
+    world.wait_cluster_provisioned("meta").await;
+
+    let vmi_metadata = json!({
+        "labels": { "example.com/tier": "gold" },
+        "annotations": { "k8s.v1.cni.cncf.io/networks": "default/storage-net" }
+    });
+    let dv_metadata = json!({
+        "name": "scratch",
+        "labels": { "example.com/disk": "scratch" },
+        "annotations": { "cdi.kubevirt.io/storage.bind.immediate.requested": "true" }
+    });
+    let mut machine_spec = world.talos_machine_spec(TALOS_VERSION);
+    let vm_spec = &mut machine_spec["virtualMachineTemplate"]["spec"];
+    vm_spec["template"]["metadata"] = vmi_metadata.clone();
+    vm_spec["dataVolumeTemplates"] = json!([{
+        "metadata": dv_metadata,
+        "spec": {
+            "source": { "blank": {} },
+            "storage": { "resources": { "requests": { "storage": "1Gi" } } }
+        }
+    }]);
+
+    // The template keeps the fields as stored (the CRD used to prune them).
+    create(
+        &world.client(),
+        json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtMachineTemplate",
+            "metadata": { "name": "meta-workers", "namespace": NAMESPACE },
+            "spec": { "template": { "spec": machine_spec.clone() } }
+        }),
+    )
+    .await;
+    let templates = Api::<kube::api::DynamicObject>::namespaced_with(
+        world.client(),
+        NAMESPACE,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "infrastructure.cluster.x-k8s.io",
+            "v1alpha1",
+            "KubevirtMachineTemplate",
+        )),
+    );
+    let stored = templates.get("meta-workers").await.expect("template");
+    let stored_vm = &stored.data["spec"]["template"]["spec"]["virtualMachineTemplate"]["spec"];
+    assert_eq!(stored_vm["template"]["metadata"], vmi_metadata);
+    assert_eq!(
+        stored_vm["dataVolumeTemplates"][0]["metadata"]["annotations"],
+        json!({ "cdi.kubevirt.io/storage.bind.immediate.requested": "true" })
+    );
+
+    world
+        .create_worker("meta", "meta-worker-1", machine_spec)
+        .await;
+    world
+        .wait_machine("meta-worker-1", "provisioned", is_provisioned)
+        .await;
+
+    let vm = world
+        .api::<VirtualMachine>()
+        .get("meta-worker-1")
+        .await
+        .expect("VirtualMachine");
+    let vm = serde_json::to_value(vm).unwrap();
+    assert_eq!(
+        vm["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
+        "default/storage-net"
+    );
+    let vmi = world
+        .api::<VirtualMachineInstance>()
+        .get("meta-worker-1")
+        .await
+        .expect("VirtualMachineInstance");
+    let vmi_labels = vmi.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        vmi_labels.get("example.com/tier").map(String::as_str),
+        Some("gold")
+    );
+    let vmi_annotations = vmi.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        vmi_annotations
+            .get("k8s.v1.cni.cncf.io/networks")
+            .map(String::as_str),
+        Some("default/storage-net")
+    );
+    let dv = world
+        .api::<DataVolume>()
+        .get("meta-worker-1-scratch")
+        .await
+        .expect("DataVolume meta-worker-1-scratch");
+    let dv_labels = dv.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        dv_labels.get("example.com/disk").map(String::as_str),
+        Some("scratch")
+    );
+    let dv_annotations = dv.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        dv_annotations
+            .get("cdi.kubevirt.io/storage.bind.immediate.requested")
+            .map(String::as_str),
+        Some("true")
+    );
+}
