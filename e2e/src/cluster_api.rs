@@ -48,7 +48,18 @@ struct ManagerSpec {
     /// provider's components (with `clusterctl.cluster.x-k8s.io`): without
     /// them `clusterctl move` does not see the provider's kinds.
     clusterctl_provider: &'static str,
+    /// Labels the provider's kustomize overlay puts on its CRDs besides
+    /// clusterctl's (a bootstrap provider's contract labels, say).
+    crd_labels: &'static [(&'static str, &'static str)],
 }
+
+/// CABPT's contract labels (`config/crd/kustomization.yaml` `commonLabels`
+/// of v0.6.12): its `v1alpha3` implements the v1beta1 contract.
+const CABPT_CONTRACT_LABELS: &[(&str, &str)] = &[
+    ("cluster.x-k8s.io/v1alpha3", "v1alpha3"),
+    ("cluster.x-k8s.io/v1alpha4", "v1alpha3"),
+    ("cluster.x-k8s.io/v1beta1", "v1alpha3"),
+];
 
 /// The real Cluster API core manager (`sigs.k8s.io/cluster-api/core`).
 pub type ClusterApiManager = UpstreamManager;
@@ -73,6 +84,7 @@ impl UpstreamManager {
                     "--leader-elect=false".to_string(),
                 ],
                 clusterctl_provider: "cluster-api",
+                crd_labels: &[],
             },
         )
         .await
@@ -96,6 +108,32 @@ impl UpstreamManager {
                     "--insecure-diagnostics=true".to_string(),
                 ],
                 clusterctl_provider: "ipam-in-cluster",
+                crd_labels: &[],
+            },
+        )
+        .await
+    }
+
+    /// Installs CABPT's CRDs (with its contract labels and conversion
+    /// webhook) and admission webhooks and starts it
+    /// (`github.com/siderolabs/cluster-api-bootstrap-provider-talos`): it
+    /// renders the bootstrap data Secret of every TalosConfig a Machine owns.
+    pub async fn start_cabpt(control_plane: &ControlPlane) -> anyhow::Result<Self> {
+        let upstream = Upstream::locate()?;
+        let diagnostics_port = free_port()?;
+        Self::start_spec(
+            control_plane,
+            ManagerSpec {
+                label: "CABPT",
+                binary: Binary::Cabpt,
+                config: upstream.cabpt_config()?,
+                health_flag: "--health-addr",
+                extra_args: vec![
+                    format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
+                    "--insecure-diagnostics=true".to_string(),
+                ],
+                clusterctl_provider: "bootstrap-talos",
+                crd_labels: CABPT_CONTRACT_LABELS,
             },
         )
         .await
@@ -123,6 +161,7 @@ impl UpstreamManager {
             &webhook_base,
             &ca_bundle,
             spec.clusterctl_provider,
+            spec.crd_labels,
         )
         .await?;
         install_webhook_configurations(
@@ -218,10 +257,14 @@ async fn install_crds(
     webhook_base: &str,
     ca_bundle: &ByteString,
     clusterctl_provider: &str,
+    extra_labels: &[(&str, &str)],
 ) -> anyhow::Result<()> {
     let mut crds = crds_of(read_documents(crd_dir)?)?;
     for crd in &mut crds {
         let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        for (key, value) in extra_labels {
+            labels.insert((*key).into(), (*value).into());
+        }
         labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());
         labels.insert(
             "cluster.x-k8s.io/provider".into(),

@@ -23,6 +23,7 @@ pub mod pod_runner;
 pub mod process;
 pub mod pve_lab;
 pub mod sim;
+pub mod talos_check;
 pub mod tenantry;
 pub mod upstream;
 pub mod wait;

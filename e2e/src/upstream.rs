@@ -21,12 +21,19 @@ pub enum Binary {
     /// kube-apiserver of the previous minor (v1.34), for tenant control
     /// planes that ask for it and for upgrades from it.
     KubeApiserverV1_34,
+    /// kube-apiserver of the newest minor (v1.36), for the management
+    /// clusters of the version matrix (`tests/management_versions.rs`).
+    KubeApiserverV1_36,
     KubeControllerManager,
     KubeScheduler,
     Kubectl,
     ClusterApiManager,
     Clusterctl,
     IpamInCluster,
+    /// CABPT, the Talos bootstrap provider (Cozystack's version).
+    Cabpt,
+    /// Talos's machine config loader and validator (`hack/upstream/talos-config`).
+    TalosConfig,
 }
 
 impl Binary {
@@ -36,22 +43,36 @@ impl Binary {
             Binary::Etcd => "etcd",
             Binary::KubeApiserver => "kube-apiserver",
             Binary::KubeApiserverV1_34 => "kube-apiserver-v1.34",
+            Binary::KubeApiserverV1_36 => "kube-apiserver-v1.36",
             Binary::KubeControllerManager => "kube-controller-manager",
             Binary::KubeScheduler => "kube-scheduler",
             Binary::Kubectl => "kubectl",
             Binary::ClusterApiManager => "cluster-api-manager",
             Binary::Clusterctl => "clusterctl",
             Binary::IpamInCluster => "ipam-in-cluster",
+            Binary::Cabpt => "cabpt",
+            Binary::TalosConfig => "talos-config",
         }
     }
 }
 
-/// The kube-apiserver builds there are, by Kubernetes minor version (the
-/// `34` of v1.34), oldest first. `hack/upstream/build.sh` builds each from
-/// its own wrapper module (`kubernetes/`, `kubernetes-1.34/`).
+/// The kube-apiserver builds a tenant control plane may run, by Kubernetes
+/// minor version (the `34` of v1.34), oldest first: the minors the
+/// `Kubernetes` kind accepts that the harness has a build of.
+/// `hack/upstream/build.sh` builds each from its own wrapper module
+/// (`kubernetes/`, `kubernetes-1.34/`).
 pub const KUBE_APISERVER_MINORS: [(u32, Binary); 2] = [
     (34, Binary::KubeApiserverV1_34),
     (35, Binary::KubeApiserver),
+];
+
+/// The kube-apiserver builds a management cluster is tested on: the pinned
+/// release, on which the whole suite runs, and the newest minor (wrapper
+/// `kubernetes-1.36/`), on which `tests/management_versions.rs` installs
+/// tenantry's CRDs and webhooks and the KubeVirt and CDI CRDs.
+pub const MANAGEMENT_APISERVER_MINORS: [(u32, Binary); 2] = [
+    (35, Binary::KubeApiserver),
+    (36, Binary::KubeApiserverV1_36),
 ];
 
 impl Binary {
@@ -68,6 +89,7 @@ impl Binary {
     pub fn kube_apiserver_minor(self) -> Option<u32> {
         KUBE_APISERVER_MINORS
             .iter()
+            .chain(MANAGEMENT_APISERVER_MINORS.iter())
             .find(|(_, b)| *b == self)
             .map(|(minor, _)| *minor)
     }
@@ -112,6 +134,12 @@ impl Upstream {
     /// webhook manifests (`webhook/`).
     pub fn ipam_in_cluster_config(&self) -> anyhow::Result<PathBuf> {
         self.config("ipam-in-cluster")
+    }
+
+    /// The folder holding CABPT's CRDs (`crd/`) and webhook manifests
+    /// (`webhook/`).
+    pub fn cabpt_config(&self) -> anyhow::Result<PathBuf> {
+        self.config("cabpt")
     }
 
     /// The folder holding cert-manager's CRDs (`crd/`), of the cert-manager
@@ -165,6 +193,10 @@ mod tests {
             Some(Binary::KubeApiserverV1_34)
         );
         assert_eq!(Binary::kube_apiserver_for_minor(33), None);
+        // v1.36 serves management clusters only: the Kubernetes kind does
+        // not offer it to tenants yet.
+        assert_eq!(Binary::kube_apiserver_for_minor(36), None);
+        assert_eq!(Binary::KubeApiserverV1_36.kube_apiserver_minor(), Some(36));
         assert_eq!(Binary::KubeApiserverV1_34.kube_apiserver_minor(), Some(34));
         assert_eq!(Binary::Etcd.kube_apiserver_minor(), None);
         assert_eq!(

@@ -32,7 +32,7 @@ use tenantry_e2e::sim::kubevirt::{
 };
 use tenantry_e2e::sim::tenant::{
     EtcdSimulator, KamajiControlPlaneSimulator, NodeFault, NodeSimConfig, NodeSimulator,
-    TalosBootstrapSimulator, TenantClusters, TenantControlPlaneOptions, install_cabpt_crds,
+    TenantClusters, TenantControlPlaneOptions,
 };
 use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{UpstreamManager, wait};
@@ -66,7 +66,7 @@ struct World {
     // Field order is drop order: kubelets and controllers stop before what
     // they talk to.
     nodes: NodeSimulator,
-    _cabpt: TalosBootstrapSimulator,
+    _cabpt: UpstreamManager,
     _tenantry: TenantryManager,
     _etcd: EtcdSimulator,
     kamaji: KamajiControlPlaneSimulator,
@@ -87,9 +87,6 @@ impl World {
         tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
             .await
             .expect("install tenantry CRDs");
-        install_cabpt_crds(&client)
-            .await
-            .expect("install CABPT CRDs");
         let capi = ClusterApiManager::start(&control_plane)
             .await
             .expect("start the Cluster API manager");
@@ -112,6 +109,7 @@ impl World {
             tenants,
             NodeSimConfig {
                 verify_join: true,
+                validate_talos_config: true,
                 ..Default::default()
             },
         );
@@ -140,9 +138,9 @@ impl World {
                 Substrate::Proxmox { pve, _ipam: ipam }
             }
         };
-        let cabpt = TalosBootstrapSimulator::start(client.clone())
+        let cabpt = UpstreamManager::start_cabpt(&control_plane)
             .await
-            .expect("start the CABPT simulator");
+            .expect("start CABPT");
         // As a platform without access to the public factory runs it: its
         // own factory is the default of clusters that name none.
         let config = match &substrate {

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds the upstream Go programs tenantry's tests run for real (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, the Cluster API core manager,
-# clusterctl, the in-cluster IPAM provider, kustomize, actionlint) from the pinned
+# clusterctl, the in-cluster IPAM provider, kustomize, CABPT, Talos's config
+# validator, actionlint) from the pinned
 # wrapper modules next to this script, into a cache outside the work tree.
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
 # $TENANTRY_CACHE/upstream/bin/<name> is a symlink to the version this checkout
-# pins; kube-apiserver of the previous minor (wrapper kubernetes-1.34/) is
-# linked as bin/kube-apiserver-v1.34 next to it. Binaries already present are
-# not rebuilt, so a warm run is a no-op.
+# pins; kube-apiserver of the previous and of the newest minor (wrappers
+# kubernetes-1.34/ and kubernetes-1.36/) is linked as bin/kube-apiserver-v1.34
+# and bin/kube-apiserver-v1.36 next to it. Binaries already present are not
+# rebuilt, so a warm run is a no-op.
 # The Cluster API CRDs and webhook manifests, which ship inside its Go module,
 # are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook}, and its
 # clusterctl release artifacts (core-components.yaml, metadata.yaml) are
@@ -127,22 +129,25 @@ main() {
 		build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$k8s_version" "$k8s_ldflags"
 	fi
 
-	# --- kube-apiserver of the previous minor, for tenant control planes --------
+	# --- kube-apiserver of other minors ------------------------------------------
 	# The tenant control plane simulator runs the kube-apiserver of the minor a
 	# KamajiControlPlane asks for (and upgrades it in place), so the previous
-	# minor is built too, from its own wrapper, and linked as
-	# bin/kube-apiserver-v<major>.<minor>. It shares etcd with the default one.
-	k8s_prev_version="$(version_of kubernetes-1.34 k8s.io/kubernetes)"
-	k8s_prev_minor="$(echo "$k8s_prev_version" | cut -d. -f2)"
-	k8s_prev_ldflags=""
-	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		k8s_prev_ldflags+=" -X $pkg.gitVersion=$k8s_prev_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_prev_minor"
-		k8s_prev_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+	# minor is built too; the management-version matrix test installs
+	# tenantry on the newest minor. Each comes from its own wrapper and is
+	# linked as bin/kube-apiserver-v<major>.<minor>; they share one etcd.
+	for wrapper in kubernetes-1.34 kubernetes-1.36; do
+		minor_version="$(version_of "$wrapper" k8s.io/kubernetes)"
+		minor="$(echo "$minor_version" | cut -d. -f2)"
+		minor_ldflags=""
+		for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+			minor_ldflags+=" -X $pkg.gitVersion=$minor_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+			minor_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+		done
+		if sel "kube-apiserver-v1.$minor"; then
+			build kube-apiserver "$wrapper" k8s.io/kubernetes/cmd/kube-apiserver "$minor_version" \
+				"$minor_ldflags" "kube-apiserver-v1.$minor"
+		fi
 	done
-	if sel kube-apiserver-v1.$k8s_prev_minor; then
-		build kube-apiserver kubernetes-1.34 k8s.io/kubernetes/cmd/kube-apiserver "$k8s_prev_version" \
-			"$k8s_prev_ldflags" "kube-apiserver-v1.$k8s_prev_minor"
-	fi
 
 	# --- etcd ------------------------------------------------------------------
 	etcd_version="$(version_of etcd go.etcd.io/etcd/server/v3)"
@@ -265,6 +270,33 @@ main() {
 			mv "$ipam_config.partial" "$ipam_config"
 		fi
 		ln -sfn "ipam-in-cluster-$ipam_version/config" "$cache/ipam-in-cluster"
+	fi
+
+	# --- CABPT, the Talos bootstrap provider, and Talos's config validator ------
+	# CABPT renders the workers' bootstrap data Secrets from TalosConfigs; its
+	# CRDs and webhook manifests are copied next to the binary and linked as
+	# upstream/cabpt/{crd,webhook}. talos-config is the wrapper's own small
+	# main over Talos's machinery: it loads and validates a machine config as
+	# a Talos node does (the simulated workers ask it before they join).
+	cabpt_module=github.com/siderolabs/cluster-api-bootstrap-provider-talos
+	cabpt_version="$(version_of cabpt "$cabpt_module")"
+	if sel cabpt; then
+		build cabpt cabpt "$cabpt_module" "$cabpt_version"
+		cabpt_config="$cache/cabpt-$cabpt_version/config"
+		if [[ ! -d "$cabpt_config" ]]; then
+			cabpt_dir="$(module_dir cabpt "$cabpt_module")"
+			rm -rf "$cabpt_config.partial"
+			mkdir -p "$cabpt_config.partial"
+			cp -r "$cabpt_dir/config/crd/bases" "$cabpt_config.partial/crd"
+			cp -r "$cabpt_dir/config/webhook" "$cabpt_config.partial/webhook"
+			chmod -R u+w "$cabpt_config.partial"
+			mv "$cabpt_config.partial" "$cabpt_config"
+		fi
+		ln -sfn "cabpt-$cabpt_version/config" "$cache/cabpt"
+	fi
+	talos_version="$(version_of talos-config github.com/siderolabs/talos/pkg/machinery)"
+	if sel talos-config; then
+		build talos-config talos-config tenantry.dev/hack/upstream/talos-config "$talos_version"
 	fi
 
 	# --- Cluster API Operator ---------------------------------------------------

@@ -291,21 +291,28 @@ pub fn machine_template(
 }
 
 /// The TalosConfigTemplate (CABPT, `generateType: none`): every worker of
-/// the pool boots with `worker_config` as it is.
+/// the pool boots with `worker_config` as it is. CABPT's webhook refuses
+/// any change to a template's spec, so, like the machine template, it is
+/// named `<objects>-<hash of its spec>`: a new worker config is a new
+/// template, and the MachineDeployment rolls to it.
 pub fn talos_config_template(
     kubernetes: &Kubernetes,
     names: &PoolNames,
     worker_config: &str,
 ) -> Value {
+    let spec = json!({
+        "generateType": "none",
+        "talosVersion": super::talos::talos_minor(talos_version(kubernetes)),
+        "data": worker_config,
+    });
     json!({
         "apiVersion": "bootstrap.cluster.x-k8s.io/v1alpha3",
         "kind": "TalosConfigTemplate",
-        "metadata": { "name": names.objects, "labels": names.labels() },
-        "spec": { "template": { "spec": {
-            "generateType": "none",
-            "talosVersion": super::talos::talos_minor(talos_version(kubernetes)),
-            "data": worker_config,
-        }}},
+        "metadata": {
+            "name": format!("{}-{}", names.objects, content_hash(&spec)),
+            "labels": names.labels(),
+        },
+        "spec": { "template": { "spec": spec } },
     })
 }
 
@@ -351,6 +358,7 @@ pub fn machine_deployment(
     pool: &KubernetesNodes,
     names: &PoolNames,
     machine_template_name: &str,
+    bootstrap_template_name: &str,
 ) -> Value {
     let mut annotations = BTreeMap::from([
         (
@@ -408,7 +416,7 @@ pub fn machine_deployment(
                     "bootstrap": { "configRef": {
                         "apiGroup": "bootstrap.cluster.x-k8s.io",
                         "kind": "TalosConfigTemplate",
-                        "name": names.objects,
+                        "name": bootstrap_template_name,
                     }},
                     "infrastructureRef": {
                         "apiGroup": "infrastructure.cluster.x-k8s.io",
@@ -628,7 +636,13 @@ mod tests {
         p.spec.min_replicas = 2;
         p.spec.max_replicas = 6;
         let names = PoolNames::of(&p).unwrap();
-        let md = machine_deployment(&k, &p, &names, "kubernetes-demo-md0-abc");
+        let md = machine_deployment(
+            &k,
+            &p,
+            &names,
+            "kubernetes-demo-md0-abc",
+            "kubernetes-demo-md0-def",
+        );
         assert!(md["spec"]["replicas"].is_null());
         let a = &md["metadata"]["annotations"];
         assert_eq!(a[MIN_SIZE_ANNOTATION], "2");
@@ -650,6 +664,26 @@ mod tests {
             md["spec"]["template"]["spec"]["bootstrap"]["configRef"]["kind"],
             "TalosConfigTemplate"
         );
+        assert_eq!(
+            md["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"],
+            "kubernetes-demo-md0-def"
+        );
+    }
+
+    #[test]
+    fn a_new_worker_config_is_a_new_bootstrap_template() {
+        let k = parent(Substrate::Kubevirt);
+        let p = pool(KubernetesNodesSpec::for_cluster("demo"));
+        let names = PoolNames::of(&p).unwrap();
+        let name = |config: &str| {
+            talos_config_template(&k, &names, config)["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(name("a"), name("a"));
+        assert_ne!(name("a"), name("b"));
+        assert!(name("a").starts_with("kubernetes-demo-md0-"));
     }
 
     #[test]

@@ -393,17 +393,18 @@ async fn clamp_replicas(
     Ok(Some(wanted))
 }
 
-/// Deletes the pool's machine templates that are neither current nor still
+/// Deletes the pool's templates of one kind (machine or bootstrap, the
+/// MachineSets naming them at `reference`) that are neither current nor still
 /// used by a MachineSet (a rollout in progress, or old workers kept).
 async fn collect_old_templates(
     client: &kube::Client,
     namespace: &str,
     names: &PoolNames,
-    kind: &str,
+    resource: &ApiResource,
+    reference: &str,
     current: &str,
 ) -> Result<(), Error> {
-    let templates: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &machine_template_resource(kind));
+    let templates: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
     let sets: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &machine_set_resource());
     let selector = format!("{}={}", pool::DEPLOYMENT_NAME_LABEL, names.objects);
@@ -412,11 +413,7 @@ async fn collect_old_templates(
         .await?
         .items
         .iter()
-        .filter_map(|s| {
-            s.data["spec"]["template"]["spec"]["infrastructureRef"]["name"]
-                .as_str()
-                .map(str::to_string)
-        })
+        .filter_map(|s| s.data.pointer(reference)?.as_str().map(str::to_string))
         .collect();
     let own = ListParams::default().labels(&format!("{POOL_LABEL}={}", names.pool_object));
     for template in templates.list(&own).await?.items {
@@ -425,7 +422,7 @@ async fn collect_old_templates(
             && !in_use.contains(&name)
             && template.metadata.deletion_timestamp.is_none()
         {
-            tracing::info!(%namespace, template = %name, "deleting a machine template no MachineSet uses");
+            tracing::info!(%namespace, template = %name, kind = %resource.kind, "deleting a template no MachineSet uses");
             delete_if_present(&templates, &name).await?;
         }
     }
@@ -623,6 +620,16 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
         .as_str()
         .unwrap_or_default()
         .to_string();
+    let bootstrap_template = pool::talos_config_template(&kubernetes, &names, &worker_config);
+    let bootstrap_template_name = bootstrap_template["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let bootstrap_templates: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &talos_config_template_resource(),
+    );
     let deployments: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &machine_deployment_resource());
     let applied = async {
@@ -637,19 +644,23 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
         if templates.get_opt(&template_name).await?.is_none() {
             apply(&templates, template, &owner).await?;
         }
-        apply(
-            &Api::namespaced_with(
-                client.clone(),
-                &namespace,
-                &talos_config_template_resource(),
-            ),
-            pool::talos_config_template(&kubernetes, &names, &worker_config),
-            &owner,
-        )
-        .await?;
+        // So is the bootstrap template (CABPT's webhook refuses changes).
+        if bootstrap_templates
+            .get_opt(&bootstrap_template_name)
+            .await?
+            .is_none()
+        {
+            apply(&bootstrap_templates, bootstrap_template, &owner).await?;
+        }
         let deployment = apply(
             &deployments,
-            pool::machine_deployment(&kubernetes, &pool, &names, &template_name),
+            pool::machine_deployment(
+                &kubernetes,
+                &pool,
+                &names,
+                &template_name,
+                &bootstrap_template_name,
+            ),
             &owner,
         )
         .await?;
@@ -685,7 +696,24 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
         Err(error) => return Err(error),
     };
     let desired = clamp_replicas(&deployments, &deployment, &pool).await?;
-    collect_old_templates(client, &namespace, &names, &template_kind, &template_name).await?;
+    collect_old_templates(
+        client,
+        &namespace,
+        &names,
+        &machine_template_resource(&template_kind),
+        "/spec/template/spec/infrastructureRef/name",
+        &template_name,
+    )
+    .await?;
+    collect_old_templates(
+        client,
+        &namespace,
+        &names,
+        &talos_config_template_resource(),
+        "/spec/template/spec/bootstrap/configRef/name",
+        &bootstrap_template_name,
+    )
+    .await?;
 
     let (workers, replicas, ready) = workers_condition(
         &serde_json::to_value(&deployment).unwrap_or_default(),
@@ -728,16 +756,25 @@ pub async fn cleanup_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<A
         &names.objects,
     )
     .await?;
-    delete_if_present(
-        &Api::namespaced_with(
-            client.clone(),
-            &namespace,
-            &talos_config_template_resource(),
-        ),
-        &names.objects,
-    )
-    .await?;
     let own = ListParams::default().labels(&format!("{POOL_LABEL}={}", names.pool_object));
+    let bootstrap_templates: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &talos_config_template_resource(),
+    );
+    let listed = match bootstrap_templates.list(&own).await {
+        Ok(list) => list.items,
+        // CABPT may not be installed.
+        Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
+        Err(error) => return Err(error.into()),
+    };
+    for template in listed {
+        delete_if_present(
+            &bootstrap_templates,
+            &template.metadata.name.unwrap_or_default(),
+        )
+        .await?;
+    }
     for kind in ["KubevirtMachineTemplate", "ProxmoxMachineTemplate"] {
         let templates: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &namespace, &machine_template_resource(kind));

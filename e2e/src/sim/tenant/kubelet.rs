@@ -33,6 +33,11 @@
 //! group Kamaji's kubeadm phase lets create node CSRs. Off by default, so
 //! tests that hand-write trimmed configs keep working.
 //!
+//! With [`NodeSimConfig::validate_talos_config`], the guest first hands its
+//! machine config to Talos's own loader and validator (the real machinery,
+//! [`crate::talos_check`]) and, if Talos refuses it, never starts a kubelet;
+//! the refusal, in Talos's words, is among the join refusals.
+//!
 //! Left out: pods, images, volumes, node leases' holder changes, kubelet
 //! certificates (the CSRs and their approval: a kubelet that passes the
 //! join checks registers directly), `usage-bootstrap-signing` and the
@@ -82,6 +87,12 @@ pub struct NodeSimConfig {
     /// bootstrap needs. Off by default: configs written for tests often
     /// carry neither.
     pub verify_join: bool,
+    /// Whether a booting guest first has Talos's machinery
+    /// ([`crate::talos_check`], the pinned Talos version, cloud mode: the
+    /// workers boot prepared disk images) load and validate its machine
+    /// config, and stays out with Talos's message if Talos refuses it. Off
+    /// by default, like `verify_join`, for hand-trimmed test configs.
+    pub validate_talos_config: bool,
 }
 
 impl Default for NodeSimConfig {
@@ -90,6 +101,7 @@ impl Default for NodeSimConfig {
             heartbeat: Duration::from_secs(2),
             poll: Duration::from_millis(500),
             verify_join: false,
+            validate_talos_config: false,
         }
     }
 }
@@ -468,6 +480,22 @@ async fn follow(shared: &Shared, guest: &Guest) -> anyhow::Result<()> {
             let Some(user_data) = guest.user_data.as_deref() else {
                 return Ok(());
             };
+            if shared.config.validate_talos_config {
+                match crate::talos_check::validate(user_data, crate::talos_check::TalosMode::Cloud)
+                    .await
+                    .context("run Talos's config validator")?
+                {
+                    Ok(()) => {}
+                    Err(message) => {
+                        refuse_join(
+                            shared,
+                            &guest.node_name,
+                            format!("Talos refuses the machine config: {message}"),
+                        );
+                        return Ok(());
+                    }
+                }
+            }
             let Some(join) = TalosJoin::parse(user_data) else {
                 return Ok(());
             };

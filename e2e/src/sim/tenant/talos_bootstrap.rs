@@ -3,10 +3,10 @@
 //! for `TalosConfig` objects whose machine config is given whole
 //! (`spec.generateType: none`), as tenantry's pools render them.
 //!
-//! CABPT itself cannot be built here: the Go module proxy has no version of
-//! it (`https://proxy.golang.org/github.com/siderolabs/cluster-api-bootstrap-provider-talos/@v/list`
-//! answers "This module version is not available"), so this simulator does
-//! its controller's part, copied from `controllers/talosconfig_controller.go`
+//! The real CABPT (v0.6.12, `hack/upstream/cabpt`) runs in the pool tests
+//! and `tests/cabpt.rs`; this simulator still serves the sandbox and the
+//! deployed-manager tests until they move to it. It does its controller's
+//! part, copied from `controllers/talosconfig_controller.go`
 //! and `controllers/secrets.go` of v0.7.0-alpha.2 (e21a01e, the CRDs in
 //! `fixtures/upstream/cabpt`):
 //!
