@@ -10,7 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 hack/upstream/build.sh
 for arg in "$@"; do
 	if [[ "$arg" == --deployed ]]; then
-		hack/image.sh --platforms linux/amd64
+		# Incremental, like hack/test.sh: shares its image build.
+		CARGO_INCREMENTAL=1 hack/image.sh --platforms linux/amd64
 	fi
 done
 cargo build --locked -p tenantry-e2e --bin sandbox
