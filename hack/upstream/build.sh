@@ -45,6 +45,25 @@ module_dir() {
 	(cd "$here/$1" && go mod download -json "$2" | awk -F'"' '$2 == "Dir" { print $4 }')
 }
 
+# copy_config <name> <wrapper> <module> <version>: copies a provider's CRDs
+# and webhook manifests out of its module into the cache, once, and links
+# them as upstream/<name>/{crd,webhook}.
+copy_config() {
+	local name="$1" wrapper="$2" module="$3" version="$4"
+	local config="$cache/$name-$version/config"
+	if [[ ! -d "$config" ]]; then
+		local dir
+		dir="$(module_dir "$wrapper" "$module")"
+		rm -rf "$config.partial"
+		mkdir -p "$config.partial"
+		cp -r "$dir/config/crd/bases" "$config.partial/crd"
+		cp -r "$dir/config/webhook" "$config.partial/webhook"
+		chmod -R u+w "$config.partial"
+		mv "$config.partial" "$config"
+	fi
+	ln -sfn "$name-$version/config" "$cache/$name"
+}
+
 build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 built=()
 
@@ -259,17 +278,7 @@ main() {
 	ipam_version="$(version_of ipam-in-cluster "$ipam_module")"
 	if sel ipam-in-cluster; then
 		build ipam-in-cluster ipam-in-cluster "$ipam_module" "$ipam_version"
-		ipam_config="$cache/ipam-in-cluster-$ipam_version/config"
-		if [[ ! -d "$ipam_config" ]]; then
-			ipam_dir="$(module_dir ipam-in-cluster "$ipam_module")"
-			rm -rf "$ipam_config.partial"
-			mkdir -p "$ipam_config.partial"
-			cp -r "$ipam_dir/config/crd/bases" "$ipam_config.partial/crd"
-			cp -r "$ipam_dir/config/webhook" "$ipam_config.partial/webhook"
-			chmod -R u+w "$ipam_config.partial"
-			mv "$ipam_config.partial" "$ipam_config"
-		fi
-		ln -sfn "ipam-in-cluster-$ipam_version/config" "$cache/ipam-in-cluster"
+		copy_config ipam-in-cluster ipam-in-cluster "$ipam_module" "$ipam_version"
 	fi
 
 	# --- CABPT, the Talos bootstrap provider, and Talos's config validator ------
@@ -282,17 +291,7 @@ main() {
 	cabpt_version="$(version_of cabpt "$cabpt_module")"
 	if sel cabpt; then
 		build cabpt cabpt "$cabpt_module" "$cabpt_version"
-		cabpt_config="$cache/cabpt-$cabpt_version/config"
-		if [[ ! -d "$cabpt_config" ]]; then
-			cabpt_dir="$(module_dir cabpt "$cabpt_module")"
-			rm -rf "$cabpt_config.partial"
-			mkdir -p "$cabpt_config.partial"
-			cp -r "$cabpt_dir/config/crd/bases" "$cabpt_config.partial/crd"
-			cp -r "$cabpt_dir/config/webhook" "$cabpt_config.partial/webhook"
-			chmod -R u+w "$cabpt_config.partial"
-			mv "$cabpt_config.partial" "$cabpt_config"
-		fi
-		ln -sfn "cabpt-$cabpt_version/config" "$cache/cabpt"
+		copy_config cabpt cabpt "$cabpt_module" "$cabpt_version"
 	fi
 	talos_version="$(version_of talos-config github.com/siderolabs/talos/pkg/machinery)"
 	if sel talos-config; then
@@ -316,17 +315,7 @@ main() {
 			operator_ldflags+=" -X $operator_module/version.$key"
 		done
 		build cluster-api-operator cluster-api-operator "$operator_module/cmd" "$operator_version" "$operator_ldflags"
-		operator_config="$cache/cluster-api-operator-$operator_version/config"
-		if [[ ! -d "$operator_config" ]]; then
-			operator_dir="$(module_dir cluster-api-operator "$operator_module")"
-			rm -rf "$operator_config.partial"
-			mkdir -p "$operator_config.partial"
-			cp -r "$operator_dir/config/crd/bases" "$operator_config.partial/crd"
-			cp -r "$operator_dir/config/webhook" "$operator_config.partial/webhook"
-			chmod -R u+w "$operator_config.partial"
-			mv "$operator_config.partial" "$operator_config"
-		fi
-		ln -sfn "cluster-api-operator-$operator_version/config" "$cache/cluster-api-operator"
+		copy_config cluster-api-operator cluster-api-operator "$operator_module" "$operator_version"
 	fi
 
 	# --- actionlint: lints .github/workflows (hack/test.sh) --------------------
