@@ -153,26 +153,20 @@ impl World {
         .await;
     }
 
-    async fn talos_config(&self, name: &str) -> DynamicObject {
-        Api::<DynamicObject>::namespaced_with(
+    fn talos_configs(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
             self.control_plane.client(),
             NAMESPACE,
             &dynamic("bootstrap.cluster.x-k8s.io", "v1alpha3", "TalosConfig"),
         )
-        .get(name)
-        .await
-        .expect("TalosConfig")
     }
 
-    async fn machine(&self, name: &str) -> DynamicObject {
-        Api::<DynamicObject>::namespaced_with(
+    fn machines(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
             self.control_plane.client(),
             NAMESPACE,
             &dynamic("cluster.x-k8s.io", "v1beta2", "Machine"),
         )
-        .get(name)
-        .await
-        .expect("Machine")
     }
 }
 
@@ -207,11 +201,7 @@ async fn cabpt_renders_what_talos_accepts_and_names_what_it_refuses() {
 
     // The good one: CAPI's Machine takes the Secret CABPT wrote, and what
     // CABPT wrote (re-encoded through Talos's loader) Talos still accepts.
-    let machines = Api::<DynamicObject>::namespaced_with(
-        world.control_plane.client(),
-        NAMESPACE,
-        &dynamic("cluster.x-k8s.io", "v1beta2", "Machine"),
-    );
+    let machines = world.machines();
     let secret_name = wait::until("the Machine to take CABPT's data Secret", DEADLINE, || {
         let machines = machines.clone();
         async move {
@@ -241,16 +231,16 @@ async fn cabpt_renders_what_talos_accepts_and_names_what_it_refuses() {
         Ok(()),
         "Talos accepts what CABPT wrote"
     );
-    let good = world.talos_config("good").await;
+    let good = world
+        .talos_configs()
+        .get("good")
+        .await
+        .expect("TalosConfig");
     assert_eq!(good.data.pointer("/status/ready"), Some(&json!(true)));
 
     // The bad one: no Secret, and the TalosConfig says why in Talos's words;
     // the Machine's bootstrap stays unready.
-    let configs = Api::<DynamicObject>::namespaced_with(
-        world.control_plane.client(),
-        NAMESPACE,
-        &dynamic("bootstrap.cluster.x-k8s.io", "v1alpha3", "TalosConfig"),
-    );
+    let configs = world.talos_configs();
     let message = wait::until("CABPT to refuse the bad config", DEADLINE, || {
         let configs = configs.clone();
         async move {
@@ -270,9 +260,9 @@ async fn cabpt_renders_what_talos_accepts_and_names_what_it_refuses() {
         message.contains("certSANz"),
         "Talos names the key: {message}"
     );
-    let bad = world.talos_config("bad").await;
+    let bad = configs.get("bad").await.expect("TalosConfig");
     assert_ne!(bad.data.pointer("/status/ready"), Some(&json!(true)));
-    let machine = world.machine("bad").await;
+    let machine = machines.get("bad").await.expect("Machine");
     assert!(
         machine
             .data
