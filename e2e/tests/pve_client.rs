@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tenantry_e2e::sim::proxmox::{PveSimConfig, PveSimulator};
+use tenantry_e2e::sim::proxmox::{PveSimConfig, PveSimulator, RequestMatch, Trigger};
 use tenantry_e2e::wait;
 use tenantry_provider::proxmox::client::{
     ApiUrl, ClientConfig, CloneParams, Credentials, DeleteParams, DiskSize, ProxmoxClient,
@@ -266,6 +266,55 @@ async fn token_auth_works_with_either_url_form() {
         [NODE]
     );
     assert!(nodes[0].is_online());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_503_is_tried_again_a_write_is_not() {
+    let world = World::start().await;
+    let faults = world.sim.faults();
+
+    let hiccup = faults.http_error(
+        RequestMatch::new("GET", "/nodes"),
+        503,
+        "Service Unavailable",
+        Trigger::Times(2),
+    );
+    let nodes = world.root.nodes().await.expect("the third try answers");
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(faults.fired(hiccup), 2);
+
+    let outage = faults.http_error(
+        RequestMatch::new("GET", "/nodes"),
+        503,
+        "Service Unavailable",
+        Trigger::Always,
+    );
+    let error = world
+        .root
+        .nodes()
+        .await
+        .expect_err("an outage outlasts the tries");
+    assert!(
+        matches!(error, ProxmoxError::Unavailable { status: 503, .. }),
+        "{error:?}"
+    );
+    assert_eq!(faults.fired(outage), 3, "one try and two more");
+    faults.remove(outage);
+
+    let refused_clone = faults.http_error(
+        RequestMatch::new("POST", "/nodes/{node}/qemu/{vmid}/clone"),
+        503,
+        "Service Unavailable",
+        Trigger::Always,
+    );
+    let error = world
+        .root
+        .qemu(NODE, TEMPLATE)
+        .clone_to(&CloneParams::new(170).name("worker-170"))
+        .await
+        .expect_err("the clone is refused");
+    assert!(error.is_transient(), "{error:?}");
+    assert_eq!(faults.fired(refused_clone), 1, "a write is sent once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -380,6 +380,12 @@ pub trait ReconcileError: std::error::Error {
     fn wait(&self) -> Option<Duration> {
         None
     }
+
+    /// `Some(cap)` when this error passes by itself and its retries should
+    /// not back off beyond `cap`, however often it failed in a row.
+    fn backoff_cap(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// How long a finalizer-wrapped error asks to wait: the wait of the apply
@@ -453,7 +459,8 @@ where
 }
 
 /// The error policy every controller uses: deliberate waits requeue after
-/// their delay; real errors back off exponentially per object.
+/// their delay; real errors back off exponentially per object, up to the
+/// error's own cap if it has one.
 pub fn error_policy<K, E>(object: Arc<K>, error: &E, ctx: Arc<Context>) -> Action
 where
     K: Resource<DynamicType = ()>,
@@ -464,6 +471,7 @@ where
     }
     let key = object_key(object.as_ref());
     let delay = ctx.backoff().failed(&key);
+    let delay = error.backoff_cap().map_or(delay, |cap| delay.min(cap));
     tracing::warn!(object = %key, error = %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -39,8 +39,9 @@ mod upid;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable};
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use reqwest::{Method, RequestBuilder};
 use serde::Serialize;
@@ -186,17 +187,28 @@ impl ProxmoxClient {
         path: &str,
         query: &impl Serialize,
     ) -> Result<T> {
-        let (data, _) = self.send(Method::GET, path, |r| r.query(query)).await?;
+        let (data, _) = self.get_with_total(path, query).await?;
         Ok(data)
     }
 
-    /// A GET whose envelope carries `total` next to `data`.
+    /// A GET whose envelope carries `total` next to `data`. A read is
+    /// retried a few times within the call when PVE or the way to it
+    /// hiccups (see [`is_worth_retrying_at_once`]): a single 503 from a busy
+    /// pveproxy should not cost a whole reconcile and its backoff. Writes are
+    /// never retried here: whether a refused POST had an effect is for the
+    /// caller's next reconcile to find out.
     pub(crate) async fn get_with_total<T: DeserializeOwned>(
         &self,
         path: &str,
         query: &impl Serialize,
     ) -> Result<(T, Option<u64>)> {
-        self.send(Method::GET, path, |r| r.query(query)).await
+        (|| self.send(Method::GET, path, |r| r.query(query)))
+            .retry(read_retries())
+            .when(is_worth_retrying_at_once)
+            .notify(|error, pause| {
+                tracing::debug!(path, ?pause, %error, "PVE API read failed; retrying");
+            })
+            .await
     }
 
     pub(crate) async fn post<T: DeserializeOwned>(
@@ -269,6 +281,27 @@ impl ProxmoxClient {
         );
         let body = body.map_err(error::transport_error)?;
         decode_response(path, status.as_u16(), reason.as_deref(), &body)
+    }
+}
+
+/// The pauses between tries of one read: two more tries within about a
+/// second, jittered so that many machines hitting one outage spread out.
+fn read_retries() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(1))
+        .with_max_times(2)
+        .with_jitter()
+}
+
+/// A read is tried again at once when PVE answered "unavailable" (a 5xx
+/// it marks as passing) or the connection failed before a request was
+/// sent. A timed-out read is not: it already waited its full timeout.
+fn is_worth_retrying_at_once(error: &ProxmoxError) -> bool {
+    match error {
+        ProxmoxError::Unavailable { .. } => true,
+        ProxmoxError::Transport(transport) => transport.is_connect(),
+        _ => false,
     }
 }
 

@@ -58,6 +58,8 @@ const FAILED_TASK_PAUSE: Duration = Duration::from_secs(15);
 /// A machine this old that has said nothing yet says that it waits for
 /// its turn before its first call to PVE (see [`Run::first_word`]).
 const SILENT_AT_MOST: Duration = Duration::from_secs(3);
+/// The longest pause between tries while PVE answers a transient error.
+const TRANSIENT_BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// How many VM IDs are probed for a free one per reconcile.
 const VMID_PROBES: usize = 20;
 const MIB: u64 = 1 << 20;
@@ -80,6 +82,21 @@ impl ReconcileError for Error {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
             Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            _ => None,
+        }
+    }
+
+    /// PVE being unavailable or unreachable passes by itself; once it has,
+    /// the machine should go on within half a minute, not after a backoff
+    /// that doubled to minutes during the outage.
+    fn backoff_cap(&self) -> Option<Duration> {
+        match self {
+            Error::Proxmox(pve) if pve.is_transient() => Some(TRANSIENT_BACKOFF_CAP),
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.backoff_cap(),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -1955,6 +1972,23 @@ fn ip_addresses_status(addresses: &[DeviceAddress]) -> Vec<tenantry_api::proxmox
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outage_backs_off_at_most_half_a_minute_a_refusal_as_usual() {
+        let outage = Error::Proxmox(ProxmoxError::Unavailable {
+            status: 503,
+            message: "Service Unavailable".into(),
+        });
+        assert_eq!(outage.backoff_cap(), Some(TRANSIENT_BACKOFF_CAP));
+        let during_cleanup = Error::from(kube::runtime::finalizer::Error::CleanupFailed(outage));
+        assert_eq!(during_cleanup.backoff_cap(), Some(TRANSIENT_BACKOFF_CAP));
+        let refusal = Error::Proxmox(ProxmoxError::PermissionDenied {
+            path: None,
+            privilege: Some("VM.Clone".into()),
+            message: "Permission check failed".into(),
+        });
+        assert_eq!(refusal.backoff_cap(), None);
+    }
 
     #[test]
     fn a_refused_privilege_says_what_to_grant() {
