@@ -79,11 +79,18 @@ async fn a_deployment_of_the_built_image_runs_ready_behind_its_service() {
         },
     }))
     .await;
-    apply(&client, json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": "manager", "namespace": NAMESPACE },
-        "spec": { "selector": { "app": "manager" }, "ports": [{ "name": "health", "port": 80, "targetPort": "healthz" }] },
-    }))
+    apply(
+        &client,
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "name": "manager", "namespace": NAMESPACE },
+            "spec": { "selector": { "app": "manager" }, "ports": [
+                { "name": "health", "port": 80, "targetPort": "healthz" },
+                // A second port of the same ClusterIP (as webhooks plus metrics).
+                { "name": "health-again", "port": 8080, "targetPort": "healthz" },
+            ] },
+        }),
+    )
     .await;
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
@@ -178,25 +185,33 @@ async fn a_deployment_of_the_built_image_runs_ready_behind_its_service() {
         .await
         .expect("service");
     let cluster_ip = service.spec.and_then(|s| s.cluster_ip).expect("clusterIP");
-    let url = format!("http://{cluster_ip}:80/healthz");
     let http = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("client");
-    wait::until("the ClusterIP to answer", DEADLINE, || {
-        let http = http.clone();
-        let url = url.clone();
-        async move {
-            Ok(
-                match http.get(&url).timeout(Duration::from_secs(2)).send().await {
-                    Ok(response) => response.text().await.ok().filter(|t| t == "ok").map(|_| ()),
-                    Err(_) => None,
-                },
-            )
-        }
-    })
-    .await
-    .expect("service proxy");
+    for port in [80, 8080] {
+        let url = format!("http://{cluster_ip}:{port}/healthz");
+        wait::until(
+            format!("the ClusterIP's port {port} to answer"),
+            DEADLINE,
+            || {
+                let http = http.clone();
+                let url = url.clone();
+                async move {
+                    Ok(
+                        match http.get(&url).timeout(Duration::from_secs(2)).send().await {
+                            Ok(response) => {
+                                response.text().await.ok().filter(|t| t == "ok").map(|_| ())
+                            }
+                            Err(_) => None,
+                        },
+                    )
+                }
+            },
+        )
+        .await
+        .expect("service proxy");
+    }
     let resolved = resolve(
         cluster.node_ip(),
         &format!("manager.{NAMESPACE}.svc.cluster.local"),

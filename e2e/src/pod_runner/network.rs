@@ -192,7 +192,15 @@ impl NodeNetwork {
     pub fn add_service_ip(&self, address: Ipv4Addr) -> anyhow::Result<()> {
         let cidr = format!("{address}/32");
         match ip(&["addr", "add", &cidr, "dev", "lo", "label", &self.label]) {
-            Err(error) if error.to_string().contains("File exists") => Ok(()),
+            // A second port of the same ClusterIP: the address is there.
+            // Older iproute2 says "File exists", newer "Address already
+            // assigned".
+            Err(error)
+                if error.to_string().contains("File exists")
+                    || error.to_string().contains("already assigned") =>
+            {
+                Ok(())
+            }
             other => other,
         }
     }
