@@ -10,6 +10,7 @@
 #   hack/fuzz.sh                      # every target, 20 s each
 #   hack/fuzz.sh --seconds 600 upid   # one target, ten minutes
 #   hack/fuzz.sh --dev                # unoptimised build (what CI runs)
+#   hack/fuzz.sh --dev --build-only   # build the targets, run none
 #
 # --dev builds the targets without optimisation: a cold build takes a
 # fraction of the optimised one's time, for fewer executions per second, the
@@ -41,6 +42,7 @@ seconds=20
 # cargo-fuzz's flag for the build and the folder its binaries land in.
 profile_flag=()
 profile_dir=release
+build_only=false
 targets=()
 while (($#)); do
 	case "$1" in
@@ -55,6 +57,10 @@ while (($#)); do
 	--dev)
 		profile_flag=(--dev)
 		profile_dir=debug
+		shift
+		;;
+	--build-only)
+		build_only=true
 		shift
 		;;
 	-h | --help)
@@ -110,6 +116,9 @@ export CARGO_TARGET_DIR="${TENANTRY_FUZZ_TARGET_DIR:-$cache/fuzz-target}"
 build=(cargo +nightly fuzz build --debug-assertions --codegen-units 16 "${profile_flag[@]}")
 echo "==> ${build[*]}"
 "${build[@]}"
+if $build_only; then
+	exit 0
+fi
 host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
 bin_dir="$CARGO_TARGET_DIR/$host/$profile_dir"
 
