@@ -27,6 +27,8 @@ const START_ATTEMPTS: usize = 3;
 
 /// The user the admin kubeconfig authenticates as (group `system:masters`).
 pub const ADMIN_USER: &str = "tenantry-admin";
+/// The user the apiserver's front proxy presents to aggregated API servers.
+const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
 /// What to run besides etcd and kube-apiserver.
 #[derive(Clone, Debug)]
@@ -184,6 +186,18 @@ impl ControlPlane {
         serving_names.extend(address.as_deref());
         let serving = ca.issue_server("kube-apiserver", &serving_names)?;
         let (serving_cert, serving_key) = serving.write(&pki, "apiserver")?;
+        // The front proxy (aggregation layer) has a CA of its own, as kubeadm
+        // sets it up; the apiserver publishes it in
+        // kube-system/extension-apiserver-authentication, which aggregated
+        // API servers and KubeVirt's virt-api read at start.
+        let front_proxy_ca =
+            CertificateAuthority::new(&format!("tenantry-{}-front-proxy-ca", options.name))?;
+        let front_proxy_ca_path = pki.join("front-proxy-ca.crt");
+        std::fs::write(&front_proxy_ca_path, front_proxy_ca.cert_pem())
+            .context("write front-proxy-ca.crt")?;
+        let (front_proxy_cert, front_proxy_key) = front_proxy_ca
+            .issue_client(FRONT_PROXY_CLIENT, &[])?
+            .write(&pki, "front-proxy-client")?;
         let admin = ca.issue_client(ADMIN_USER, &["system:masters"])?;
         let sa_keys = ServiceAccountKeys::generate()?;
         let sa_private = pki.join("sa.key");
@@ -252,6 +266,16 @@ impl ControlPlane {
                     .as_ref()
                     .map_or("10.96.0.0/16", |p| p.service_cidr.as_str())
             ),
+            format!(
+                "--requestheader-client-ca-file={}",
+                front_proxy_ca_path.display()
+            ),
+            format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"),
+            "--requestheader-username-headers=X-Remote-User".to_string(),
+            "--requestheader-group-headers=X-Remote-Group".to_string(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
+            format!("--proxy-client-cert-file={}", front_proxy_cert.display()),
+            format!("--proxy-client-key-file={}", front_proxy_key.display()),
             "--authorization-mode=RBAC".to_string(),
             "--allow-privileged=true".to_string(),
             // The `kubernetes` Service endpoint would be 127.0.0.1, which

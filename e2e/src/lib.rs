@@ -16,6 +16,7 @@ pub mod clusterctl;
 pub mod clusterctl_template;
 pub mod control_plane;
 pub mod demo;
+pub mod kubevirt_upstream;
 pub mod management;
 pub mod manifests;
 pub mod pki;

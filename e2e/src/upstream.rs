@@ -34,6 +34,10 @@ pub enum Binary {
     Cabpt,
     /// Talos's machine config loader and validator (`hack/upstream/talos-config`).
     TalosConfig,
+    /// KubeVirt's virt-api: its admission webhooks and subresource API.
+    VirtApi,
+    /// KubeVirt's virt-controller.
+    VirtController,
 }
 
 impl Binary {
@@ -52,6 +56,8 @@ impl Binary {
             Binary::IpamInCluster => "ipam-in-cluster",
             Binary::Cabpt => "cabpt",
             Binary::TalosConfig => "talos-config",
+            Binary::VirtApi => "virt-api",
+            Binary::VirtController => "virt-controller",
         }
     }
 }
@@ -140,6 +146,20 @@ impl Upstream {
     /// (`webhook/`).
     pub fn cabpt_config(&self) -> anyhow::Result<PathBuf> {
         self.config("cabpt")
+    }
+
+    /// What virt-operator installs for virt-api and virt-controller, from
+    /// KubeVirt's own generators (`hack/upstream/kubevirt`): the CRDs, their
+    /// ServiceAccounts and roles, virt-api's webhook configurations.
+    pub fn kubevirt_manifests(&self) -> anyhow::Result<PathBuf> {
+        let path = self.root.join("kubevirt").join("kubevirt.yaml");
+        if !path.is_file() {
+            bail!(
+                "KubeVirt manifests not found at {}: run hack/upstream/build.sh first",
+                path.display()
+            );
+        }
+        Ok(path)
     }
 
     /// The folder holding cert-manager's CRDs (`crd/`), of the cert-manager

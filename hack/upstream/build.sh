@@ -298,6 +298,31 @@ main() {
 		build talos-config talos-config tenantry.dev/hack/upstream/talos-config "$talos_version"
 	fi
 
+	# --- KubeVirt: virt-api and virt-controller --------------------------------
+	# The e2e harness plays virt-operator (e2e/src/kubevirt_upstream.rs): it
+	# installs what kubevirt-manifests prints from KubeVirt's own generators
+	# (CRDs, RBAC, virt-api's webhook configurations), written next to the
+	# binaries and linked as upstream/kubevirt/kubevirt.yaml.
+	kubevirt_version="$(version_of kubevirt kubevirt.io/kubevirt)"
+	if sel kubevirt; then
+		kubevirt_ldflags=""
+		for pair in "gitVersion=$kubevirt_version" gitTreeState=clean "buildDate=$build_date"; do
+			kubevirt_ldflags+=" -X kubevirt.io/client-go/version.$pair"
+		done
+		build virt-api kubevirt kubevirt.io/kubevirt/cmd/virt-api "$kubevirt_version" "$kubevirt_ldflags"
+		build virt-controller kubevirt kubevirt.io/kubevirt/cmd/virt-controller "$kubevirt_version" \
+			"$kubevirt_ldflags"
+		build kubevirt-manifests kubevirt tenantry.dev/hack/upstream/kubevirt/cmd/kubevirt-manifests \
+			"$kubevirt_version"
+		local manifests="$cache/kubevirt-$kubevirt_version/config"
+		if [[ ! -s "$manifests/kubevirt.yaml" ]]; then
+			mkdir -p "$manifests"
+			"$cache/bin/kubevirt-manifests" kubevirt >"$manifests/kubevirt.yaml.partial"
+			mv "$manifests/kubevirt.yaml.partial" "$manifests/kubevirt.yaml"
+		fi
+		ln -sfn "kubevirt-$kubevirt_version/config" "$cache/kubevirt"
+	fi
+
 	# --- Cluster API Operator ---------------------------------------------------
 	# Installs providers from CoreProvider/InfrastructureProvider/... objects, as
 	# the hosting platform does (e2e/src/cluster_api_operator.rs). Its CRDs and

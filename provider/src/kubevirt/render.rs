@@ -136,8 +136,8 @@ pub fn desired_virtual_machine(
     // workload Node is named like the machine.
     let vmi_meta = ensure_object(&mut spec["template"], "metadata");
     merge_labels(vmi_meta, &labels);
-    if name.len() <= 63 {
-        spec["template"]["spec"]["hostname"] = json!(name);
+    if let Some(hostname) = guest_hostname(&name) {
+        spec["template"]["spec"]["hostname"] = json!(hostname);
     }
     if spec.get("runStrategy").is_none_or(Value::is_null)
         && spec.get("running").is_none_or(Value::is_null)
@@ -172,6 +172,15 @@ pub fn desired_virtual_machine(
         "spec": spec,
     });
     serde_json::from_value(vm).map_err(|e| RenderError::Schema(e.to_string()))
+}
+
+/// The guest hostname for a machine: its name, with any dots as dashes —
+/// KubeVirt's admission wants a DNS label, and a machine name is a DNS
+/// subdomain (a template named after a Kubernetes version, say
+/// `workers-v1.35.4`, gives machines with dots). None for a name longer than
+/// a label: KubeVirt then names the guest itself.
+fn guest_hostname(machine_name: &str) -> Option<String> {
+    (machine_name.len() <= 63).then(|| machine_name.replace('.', "-"))
 }
 
 /// The bootstrap format recorded on a VM tenantry created; `None` for a VM
@@ -422,6 +431,19 @@ mod tests {
             vm["spec"]["dataVolumeTemplates"][0]["spec"]["source"]["pvc"]["namespace"],
             "tenant-a"
         );
+    }
+
+    #[test]
+    fn a_machine_name_with_dots_gives_a_hostname_kubevirt_accepts() {
+        assert_eq!(
+            guest_hostname("demo-cp-v1.35.4-x7k2p").as_deref(),
+            Some("demo-cp-v1-35-4-x7k2p")
+        );
+        assert_eq!(
+            guest_hostname("demo-md-0-abc").as_deref(),
+            Some("demo-md-0-abc")
+        );
+        assert_eq!(guest_hostname(&"a".repeat(64)), None);
     }
 
     #[test]

@@ -1,0 +1,365 @@
+//! KubeVirt's own virt-api (`hack/upstream/kubevirt`, the release Cozystack
+//! runs) on a harness control plane, with the harness in virt-operator's
+//! place.
+//!
+//! What virt-operator would install comes from KubeVirt's generators
+//! (`kubevirt-manifests`): every KubeVirt CRD, the ServiceAccounts and roles
+//! of virt-api, virt-controller and virt-handler, and virt-api's mutating
+//! and validating webhook configurations. The harness applies them as they
+//! are, with two changes a cluster does not need: each webhook names the
+//! port virt-api listens on here, and the `virt-api` Service is an
+//! ExternalName for `localhost` (no kube-proxy routes a ClusterIP here; the
+//! apiserver dials an ExternalName directly and still checks the serving
+//! certificate for `virt-api.kubevirt.svc`). It writes the `KubeVirt`
+//! object and the status virt-operator gives it once deployed, issues
+//! virt-api's serving certificate from the control plane's CA (operator:
+//! its own `kubevirt-ca`), and runs virt-api as its ServiceAccount — virt-api's
+//! admission treats KubeVirt's own ServiceAccounts apart from everyone else.
+//!
+//! Left out: the `subresources.kubevirt.io` APIServices (start/stop/console
+//! go through them; tenantry changes `runStrategy` instead), virt-operator's
+//! own webhook for `KubeVirt` objects, and the certificate rotation.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+
+use crate::control_plane::{ControlPlane, free_port};
+use crate::manifests::{self, FIELD_MANAGER};
+use crate::process::ManagedProcess;
+use crate::upstream::{Binary, Upstream};
+use crate::wait;
+
+/// Where virt-operator installs KubeVirt; virt-api and virt-controller
+/// take it from their ServiceAccount's mount, `kubevirt` without one.
+pub const NAMESPACE: &str = "kubevirt";
+/// The user virt-api runs as.
+pub const VIRT_API_USER: &str = "system:serviceaccount:kubevirt:kubevirt-apiserver";
+/// The user virt-controller runs as; virt-api's admission lets it (and
+/// virt-handler) write what others may not: a VMI's status, its
+/// `kubevirt.io/nodeName` and `kubevirt.io/created-by` labels.
+pub const VIRT_CONTROLLER_USER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
+/// The user virt-handler runs as.
+pub const VIRT_HANDLER_USER: &str = "system:serviceaccount:kubevirt:kubevirt-handler";
+/// The groups of a ServiceAccount of [`NAMESPACE`].
+pub const SERVICE_ACCOUNT_GROUPS: [&str; 2] =
+    ["system:serviceaccounts", "system:serviceaccounts:kubevirt"];
+
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A running virt-api, its webhooks registered. Dropping it stops it; the
+/// webhook configurations stay (the control plane goes with the test).
+pub struct VirtApi {
+    process: ManagedProcess,
+    port: u16,
+}
+
+impl std::fmt::Debug for VirtApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtApi")
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VirtApi {
+    /// Installs KubeVirt's CRDs, roles and `KubeVirt` object, starts virt-api
+    /// and registers its webhooks; returns once they answer.
+    pub async fn start(control_plane: &ControlPlane) -> anyhow::Result<Self> {
+        let upstream = Upstream::locate()?;
+        let client = control_plane.client();
+        let documents = manifests::read_documents(&upstream.kubevirt_manifests()?)?;
+        let (crds, others): (Vec<_>, Vec<_>) = documents
+            .into_iter()
+            .partition(|d| d["kind"] == "CustomResourceDefinition");
+        let (webhooks, roles): (Vec<_>, Vec<_>) = others.into_iter().partition(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some("MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration")
+            )
+        });
+
+        manifests::apply_object(
+            &client,
+            &json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": NAMESPACE } }),
+            NAMESPACE,
+        )
+        .await?;
+        manifests::apply_crds(&client, manifests::crds_of(crds)?)
+            .await
+            .context("install KubeVirt's CRDs")?;
+        for role in &roles {
+            manifests::apply_object(&client, role, NAMESPACE)
+                .await
+                .context("install KubeVirt's ServiceAccounts and roles")?;
+        }
+        deploy_kubevirt_object(&client).await?;
+
+        let dir = control_plane.dir().join("virt-api");
+        std::fs::create_dir_all(&dir).context("create virt-api folder")?;
+        let serving = control_plane.ca().issue_server(
+            "virt-api.kubevirt.pod.cluster.local",
+            &[
+                "virt-api",
+                "virt-api.kubevirt",
+                "virt-api.kubevirt.svc",
+                "virt-api.kubevirt.svc.cluster.local",
+                "localhost",
+                "127.0.0.1",
+            ],
+        )?;
+        let (cert, key) = serving.write(&dir, "tls")?;
+        // virt-api's client certificate towards virt-handler (consoles):
+        // unused here, but virt-api keeps looking for the files.
+        let (handler_cert, handler_key) = control_plane
+            .ca()
+            .issue_client("kubevirt.io:system:client:virt-handler", &[])?
+            .write(&dir, "handler-client")?;
+        let kubeconfig = control_plane.user_kubeconfig(VIRT_API_USER, &SERVICE_ACCOUNT_GROUPS)?;
+        let port = free_port()?;
+        let mut command = Command::new(upstream.binary(Binary::VirtApi)?);
+        command.args(arg_list(&[
+            ("--kubeconfig", &kubeconfig),
+            ("--tls-cert-file", &cert),
+            ("--tls-key-file", &key),
+            ("--handler-cert-file", &handler_cert),
+            ("--handler-key-file", &handler_key),
+        ]));
+        command.args(["--listen=127.0.0.1".to_string(), format!("--port={port}")]);
+        // A writable working folder: virt-api makes a temporary one there.
+        command.current_dir(&dir).env("TMPDIR", &dir);
+        let mut process = ManagedProcess::spawn(
+            &format!("{}/virt-api", control_plane.name()),
+            command,
+            &dir.join("virt-api.log"),
+        )?;
+        wait_healthy(&mut process, &control_plane.ca().cert_pem(), port).await?;
+
+        register_webhooks(control_plane, webhooks, port).await?;
+        let virt_api = Self { process, port };
+        virt_api.wait_admission(&client).await?;
+        Ok(virt_api)
+    }
+
+    /// The port virt-api serves on, on loopback.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The last lines of virt-api's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Waits until the apiserver calls virt-api's webhooks: a dry-run
+    /// VirtualMachine KubeVirt refuses (no domain devices for a disk it
+    /// names) is refused by `virtualmachine-validator.kubevirt.io`.
+    async fn wait_admission(&self, client: &kube::Client) -> anyhow::Result<()> {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+            "virtualmachines",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &resource);
+        let probe: DynamicObject = serde_json::from_value(refused_virtual_machine("probe"))?;
+        let params = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        wait::until("virt-api's webhooks to answer", START_TIMEOUT, || {
+            let api = api.clone();
+            let probe = probe.clone();
+            let params = params.clone();
+            async move {
+                Ok(match api.create(&params, &probe).await {
+                    Err(kube::Error::Api(status))
+                        if status
+                            .message
+                            .contains("virtualmachine-validator.kubevirt.io") =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                })
+            }
+        })
+        .await
+        .with_context(|| format!("virt-api log tail:\n{}", self.log_tail(30)))
+    }
+}
+
+/// A VirtualMachine KubeVirt's admission refuses: its disk names a volume
+/// that does not exist.
+pub fn refused_virtual_machine(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": { "name": name },
+        "spec": {
+            "runStrategy": "Halted",
+            "template": { "spec": {
+                "domain": {
+                    "devices": { "disks": [{ "name": "root", "disk": { "bus": "virtio" } }] },
+                    "resources": { "requests": { "memory": "1Gi" } },
+                },
+                "volumes": [],
+            }},
+        },
+    })
+}
+
+fn arg_list(pairs: &[(&str, &PathBuf)]) -> Vec<String> {
+    pairs
+        .iter()
+        .map(|(flag, path)| format!("{flag}={}", path.display()))
+        .collect()
+}
+
+/// The `KubeVirt` object, with the status virt-operator writes once it
+/// deployed a release: virt-api and virt-controller read their settings only
+/// from an object with a phase, and default a VM's architecture to
+/// `status.defaultArchitecture`.
+async fn deploy_kubevirt_object(client: &kube::Client) -> anyhow::Result<()> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "KubeVirt"),
+        "kubevirts",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(
+        "kubevirt",
+        &params,
+        &Patch::Apply(json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "metadata": { "name": "kubevirt", "namespace": NAMESPACE },
+            "spec": {
+                "imagePullPolicy": "IfNotPresent",
+                // No /dev/kvm here; it changes only what launcher pods ask for.
+                "configuration": { "developerConfiguration": { "useEmulation": true } },
+            },
+        })),
+    )
+    .await
+    .context("create the KubeVirt object")?;
+    api.patch_status(
+        "kubevirt",
+        &params,
+        &Patch::Apply(json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "status": {
+                "phase": "Deployed",
+                "defaultArchitecture": std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+            },
+        })),
+    )
+    .await
+    .context("write the KubeVirt object's status")?;
+    Ok(())
+}
+
+async fn wait_healthy(process: &mut ManagedProcess, ca_pem: &str, port: u16) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
+        .build()?;
+    let url = format!("https://localhost:{port}/apis/subresources.kubevirt.io/v1/healthz");
+    let healthy = wait::until("virt-api to be healthy", START_TIMEOUT, || {
+        let exited = process.exit_status();
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            if let Some(status) = exited {
+                return Ok(Some(Err(status)));
+            }
+            Ok(
+                match http.get(&url).timeout(Duration::from_secs(2)).send().await {
+                    Ok(response) if response.status().is_success() => Some(Ok(())),
+                    _ => None,
+                },
+            )
+        }
+    })
+    .await;
+    match healthy {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(status)) => anyhow::bail!(
+            "virt-api exited with {status} during start:\n{}",
+            process.log_tail(30)
+        ),
+        Err(error) => Err(error.context(format!("virt-api log tail:\n{}", process.log_tail(30)))),
+    }
+}
+
+/// The `virt-api` Service and KubeVirt's webhook configurations, pointed at
+/// the local virt-api and trusting the control plane's CA.
+async fn register_webhooks(
+    control_plane: &ControlPlane,
+    webhooks: Vec<serde_json::Value>,
+    port: u16,
+) -> anyhow::Result<()> {
+    let client = control_plane.client();
+    manifests::apply_object(
+        &client,
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": { "name": "virt-api", "namespace": NAMESPACE },
+            "spec": { "type": "ExternalName", "externalName": "localhost" },
+        }),
+        NAMESPACE,
+    )
+    .await
+    .context("create the virt-api Service")?;
+    let ca_bundle = ByteString(control_plane.ca().cert_pem().into_bytes());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for document in webhooks {
+        match document["kind"].as_str() {
+            Some("MutatingWebhookConfiguration") => {
+                let mut configuration: MutatingWebhookConfiguration =
+                    serde_json::from_value(document)?;
+                for webhook in configuration.webhooks.iter_mut().flatten() {
+                    point_at(&mut webhook.client_config, &ca_bundle, port);
+                }
+                let name = configuration.metadata.name.clone().unwrap_or_default();
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .patch(&name, &params, &Patch::Apply(&configuration))
+                    .await
+                    .with_context(|| format!("register {name}"))?;
+            }
+            _ => {
+                let mut configuration: ValidatingWebhookConfiguration =
+                    serde_json::from_value(document)?;
+                for webhook in configuration.webhooks.iter_mut().flatten() {
+                    point_at(&mut webhook.client_config, &ca_bundle, port);
+                }
+                let name = configuration.metadata.name.clone().unwrap_or_default();
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .patch(&name, &params, &Patch::Apply(&configuration))
+                    .await
+                    .with_context(|| format!("register {name}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn point_at(
+    config: &mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
+    ca_bundle: &ByteString,
+    port: u16,
+) {
+    config.ca_bundle = Some(ca_bundle.clone());
+    if let Some(service) = config.service.as_mut() {
+        service.port = Some(i32::from(port));
+    }
+}
