@@ -29,6 +29,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -103,6 +104,25 @@ impl VirtApi {
                 .context("install KubeVirt's ServiceAccounts and roles")?;
         }
         deploy_kubevirt_object(&client).await?;
+        // virt-api reads the front proxy's CA from here once, at start, and
+        // exits without it; the apiserver writes it shortly after it is up.
+        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+        wait::until(
+            "kube-system/extension-apiserver-authentication",
+            START_TIMEOUT,
+            || async {
+                Ok(configmaps
+                    .get_opt("extension-apiserver-authentication")
+                    .await?
+                    .filter(|c| {
+                        c.data
+                            .as_ref()
+                            .is_some_and(|d| d.contains_key("requestheader-client-ca-file"))
+                    })
+                    .map(|_| ()))
+            },
+        )
+        .await?;
 
         let dir = control_plane.dir().join("virt-api");
         std::fs::create_dir_all(&dir).context("create virt-api folder")?;
