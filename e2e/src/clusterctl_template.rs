@@ -154,6 +154,19 @@ pub fn test_variables(cluster_name: &str, namespace: &str) -> BTreeMap<String, S
     .collect()
 }
 
+/// CAPK's cluster templates (`e2e/fixtures/upstream/capk/templates`), in
+/// name order.
+pub fn capk_templates() -> Vec<std::path::PathBuf> {
+    let folder =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upstream/capk/templates");
+    let mut files: Vec<_> = std::fs::read_dir(&folder)
+        .expect("read CAPK templates")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

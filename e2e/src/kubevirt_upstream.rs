@@ -25,10 +25,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -340,46 +338,20 @@ async fn register_webhooks(
     )
     .await
     .context("create the virt-api Service")?;
-    let ca_bundle = ByteString(control_plane.ca().cert_pem().into_bytes());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    for document in webhooks {
-        match document["kind"].as_str() {
-            Some("MutatingWebhookConfiguration") => {
-                let mut configuration: MutatingWebhookConfiguration =
-                    serde_json::from_value(document)?;
-                for webhook in configuration.webhooks.iter_mut().flatten() {
-                    point_at(&mut webhook.client_config, &ca_bundle, port);
-                }
-                let name = configuration.metadata.name.clone().unwrap_or_default();
-                Api::<MutatingWebhookConfiguration>::all(client.clone())
-                    .patch(&name, &params, &Patch::Apply(&configuration))
-                    .await
-                    .with_context(|| format!("register {name}"))?;
-            }
-            _ => {
-                let mut configuration: ValidatingWebhookConfiguration =
-                    serde_json::from_value(document)?;
-                for webhook in configuration.webhooks.iter_mut().flatten() {
-                    point_at(&mut webhook.client_config, &ca_bundle, port);
-                }
-                let name = configuration.metadata.name.clone().unwrap_or_default();
-                Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .patch(&name, &params, &Patch::Apply(&configuration))
-                    .await
-                    .with_context(|| format!("register {name}"))?;
-            }
+    let ca_bundle = BASE64.encode(control_plane.ca().cert_pem());
+    for mut configuration in webhooks {
+        for webhook in configuration["webhooks"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            let client_config = &mut webhook["clientConfig"];
+            client_config["caBundle"] = json!(ca_bundle);
+            client_config["service"]["port"] = json!(port);
         }
+        manifests::apply_object(&client, &configuration, NAMESPACE)
+            .await
+            .context("register virt-api's webhooks")?;
     }
     Ok(())
-}
-
-fn point_at(
-    config: &mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
-    ca_bundle: &ByteString,
-    port: u16,
-) {
-    config.ca_bundle = Some(ca_bundle.clone());
-    if let Some(service) = config.service.as_mut() {
-        service.port = Some(i32::from(port));
-    }
 }

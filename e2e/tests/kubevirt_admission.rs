@@ -6,8 +6,6 @@
 //! from `Kubernetes` worker pools (Talos disk from the image factory, an
 //! instance type or explicit resources, GPUs, the eviction strategy).
 
-use std::path::Path;
-
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -16,7 +14,7 @@ use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::kubevirt::KubevirtMachine;
 use tenantry_api::tenant::{Kubernetes, KubernetesSpec};
 use tenantry_api::tenant_nodes::{KubernetesNodes, KubernetesNodesSpec};
-use tenantry_e2e::clusterctl_template::{substitute, test_variables};
+use tenantry_e2e::clusterctl_template::{capk_templates, substitute, test_variables};
 use tenantry_e2e::kubevirt_upstream::{VirtApi, refused_virtual_machine};
 use tenantry_e2e::manifests::{FIELD_MANAGER, parse_documents};
 use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
@@ -114,12 +112,7 @@ async fn a_virtual_machine_kubevirt_refuses_is_refused() {
 async fn every_vm_tenantry_renders_from_capk_templates_is_admitted() {
     let (control_plane, _virt_api) = world().await;
     let client = control_plane.client();
-    let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upstream/capk/templates");
-    let mut files: Vec<_> = std::fs::read_dir(&templates)
-        .expect("read CAPK templates")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    files.sort();
+    let files = capk_templates();
     let mut count = 0;
     for (index, file) in files.iter().enumerate() {
         let origin = file.file_name().unwrap().to_string_lossy().into_owned();

@@ -1,12 +1,10 @@
 //! Tenantry's KubeVirt kinds, served by a real kube-apiserver: CAPK's own
 //! cluster templates apply unchanged, and bad input is refused at admission.
 
-use std::path::Path;
-
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use tenantry_e2e::clusterctl_template::{substitute, test_variables};
+use tenantry_e2e::clusterctl_template::{capk_templates, substitute, test_variables};
 use tenantry_e2e::manifests::{apply_crds, parse_documents};
 use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
 
@@ -58,12 +56,7 @@ async fn create_strictly(
 async fn every_capk_template_object_creates_against_tenantry_crds() {
     let control_plane = control_plane_with_tenantry_crds().await;
     let client = control_plane.client();
-    let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upstream/capk/templates");
-    let mut files: Vec<_> = std::fs::read_dir(&templates)
-        .expect("read CAPK templates")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    files.sort();
+    let files = capk_templates();
     let mut created = 0;
     for (index, file) in files.iter().enumerate() {
         // One cluster name per template, so objects of different templates
