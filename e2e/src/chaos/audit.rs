@@ -211,20 +211,6 @@ pub(crate) fn leadership(writes: &[Write], lease: &str, user_prefix: &str) -> Le
     result
 }
 
-/// Objects of `resource` the replica users created: successful creates,
-/// and server-side applies answered 201 Created.
-pub(crate) fn creates(writes: &[Write], resource: &str, user_prefix: &str) -> usize {
-    writes
-        .iter()
-        .filter(|w| {
-            w.user.starts_with(user_prefix)
-                && w.resource == resource
-                && w.subresource.is_none()
-                && ((w.verb == "create" && w.succeeded()) || (w.verb == "patch" && w.code == 201))
-        })
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,13 +3,15 @@
 //! (so that a machine has a disk to leave behind), counted through the
 //! objects KubeVirt and CDI keep.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
 use tenantry_api::kubevirt::KUBEVIRT_MACHINE_FINALIZER;
 use tenantry_provider::kubevirt::render::MACHINE_NAME_LABEL;
@@ -82,6 +84,65 @@ pub(crate) struct KubevirtLab {
     world: World<Replicas>,
     bench: BenchConfig,
     audit: Option<AuditLog>,
+    made: VirtualMachinesMade,
+}
+
+/// Every VirtualMachine the world ever had, by UID, seen through a watch
+/// that starts before the first machine. With names fixed per machine, a VM
+/// made twice is one deleted and made again: a second UID. (The audit log
+/// cannot tell: a create whose client was killed mid-request is logged as
+/// failed, yet etcd may have committed it.)
+struct VirtualMachinesMade {
+    uids: Arc<Mutex<HashSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl VirtualMachinesMade {
+    async fn watch(api: Api<DynamicObject>) -> anyhow::Result<Self> {
+        let uids = Arc::new(Mutex::new(HashSet::new()));
+        let (listed, mut first_list) = tokio::sync::oneshot::channel::<()>();
+        let seen = uids.clone();
+        let task = tokio::spawn(async move {
+            let mut listed = Some(listed);
+            let events = watcher(api, watcher::Config::default()).default_backoff();
+            futures::pin_mut!(events);
+            loop {
+                match events.try_next().await {
+                    Ok(Some(event)) => match &event {
+                        watcher::Event::Apply(vm) | watcher::Event::InitApply(vm) => {
+                            if let Some(uid) = &vm.metadata.uid {
+                                seen.lock().expect("uids").insert(uid.clone());
+                            }
+                        }
+                        watcher::Event::InitDone => {
+                            if let Some(listed) = listed.take() {
+                                let _ = listed.send(());
+                            }
+                        }
+                        _ => {}
+                    },
+                    Ok(None) => break,
+                    Err(error) => tracing::debug!(%error, "VirtualMachine watch"),
+                }
+            }
+        });
+        // The watch counts from its first list on, so wait for that.
+        tokio::time::timeout(Duration::from_secs(60), &mut first_list)
+            .await
+            .context("the VirtualMachine watch did not list within a minute")?
+            .context("the VirtualMachine watch ended before its first list")?;
+        Ok(Self { uids, task })
+    }
+
+    fn count(&self) -> usize {
+        self.uids.lock().expect("uids").len()
+    }
+}
+
+impl Drop for VirtualMachinesMade {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl KubevirtLab {
@@ -120,10 +181,12 @@ impl KubevirtLab {
         world::create_cluster(&world, CAPI_VERSION, false, &bench)
             .await
             .with_context(|| world.provider.log_tails(20))?;
+        let made = VirtualMachinesMade::watch(world.api(&world::virtual_machines())).await?;
         Ok(Self {
             world,
             bench,
             audit,
+            made,
         })
     }
 }
@@ -144,8 +207,8 @@ impl Lab for KubevirtLab {
             .await
     }
 
-    fn clones(&self) -> Option<usize> {
-        None
+    fn vms_made(&self) -> (&'static str, usize) {
+        ("VirtualMachines made (distinct UIDs)", self.made.count())
     }
 
     fn audit(&self) -> Option<&AuditLog> {

@@ -105,9 +105,10 @@ pub(crate) trait Lab {
     /// Starts replica `replica` again after it was killed.
     async fn start_again(&mut self, replica: usize) -> anyhow::Result<()>;
 
-    /// How many VMs the hypervisor was asked to make (Proxmox: clone
-    /// tasks), when it counts them.
-    fn clones(&self) -> Option<usize>;
+    /// How many VMs were made since the lab started, counted where the
+    /// substrate keeps the truth, and what was counted (Proxmox: clone
+    /// tasks; KubeVirt: VirtualMachine UIDs).
+    fn vms_made(&self) -> (&'static str, usize);
 
     /// kube-apiserver's audit log of writes, when the lab keeps one.
     fn audit(&self) -> Option<&AuditLog>;

@@ -221,15 +221,15 @@ impl Lab for ProxmoxLab {
             .await
     }
 
-    fn clones(&self) -> Option<usize> {
-        Some(
-            self.sim()
-                .snapshot()
-                .tasks
-                .iter()
-                .filter(|t| t.task_type == "qmclone")
-                .count(),
-        )
+    fn vms_made(&self) -> (&'static str, usize) {
+        let clones = self
+            .sim()
+            .snapshot()
+            .tasks
+            .iter()
+            .filter(|t| t.task_type == "qmclone")
+            .count();
+        ("clone tasks", clones)
     }
 
     fn audit(&self) -> Option<&AuditLog> {
