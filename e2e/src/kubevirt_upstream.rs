@@ -1,6 +1,6 @@
-//! KubeVirt's own virt-api (`hack/upstream/kubevirt`, the release Cozystack
-//! runs) on a harness control plane, with the harness in virt-operator's
-//! place.
+//! KubeVirt's own virt-api and virt-controller (`hack/upstream/kubevirt`,
+//! the release Cozystack runs) on a harness control plane, with the harness
+//! in virt-operator's place.
 //!
 //! What virt-operator would install comes from KubeVirt's generators
 //! (`kubevirt-manifests`): every KubeVirt CRD, the ServiceAccounts and roles
@@ -211,6 +211,117 @@ impl VirtApi {
         })
         .await
         .with_context(|| format!("virt-api log tail:\n{}", self.log_tail(30)))
+    }
+}
+
+/// The image virt-controller names in launcher pods (nothing pulls it here).
+pub const LAUNCHER_IMAGE: &str = "quay.io/kubevirt/virt-launcher:v1.8.4";
+
+/// A running virt-controller, leading. Dropping it stops it.
+///
+/// It runs as its ServiceAccount: virt-api's admission lets only KubeVirt's
+/// own users write a VMI's status and its `kubevirt.io/nodeName` label. It
+/// always takes part in leader election (Lease `kubevirt/virt-controller`;
+/// there is no flag to turn that off) and starts its controllers once it
+/// leads. It leaves and expects a restart when CDI's DataVolume CRD comes or
+/// goes: install the CRDs before starting it.
+pub struct VirtController {
+    process: ManagedProcess,
+}
+
+impl std::fmt::Debug for VirtController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtController")
+            .field("pid", &self.process.pid())
+            .finish_non_exhaustive()
+    }
+}
+
+impl VirtController {
+    /// Starts virt-controller on a control plane where [`VirtApi`] runs;
+    /// returns once it leads and its caches are synced.
+    pub async fn start(control_plane: &ControlPlane, _virt_api: &VirtApi) -> anyhow::Result<Self> {
+        let upstream = Upstream::locate()?;
+        let dir = control_plane.dir().join("virt-controller");
+        std::fs::create_dir_all(&dir).context("create virt-controller folder")?;
+        // Its health and leader endpoints are HTTPS only.
+        let (cert, key) = control_plane
+            .ca()
+            .issue_server("virt-controller", &["localhost", "127.0.0.1"])?
+            .write(&dir, "tls")?;
+        let kubeconfig =
+            control_plane.user_kubeconfig(VIRT_CONTROLLER_USER, &SERVICE_ACCOUNT_GROUPS)?;
+        let port = free_port()?;
+        let mut command = Command::new(upstream.binary(Binary::VirtController)?);
+        command.args(arg_list(&[
+            ("--kubeconfig", &kubeconfig),
+            ("--prom-cert-file", &cert),
+            ("--prom-key-file", &key),
+        ]));
+        command.args([
+            "--listen=127.0.0.1".to_string(),
+            format!("--port={port}"),
+            format!("--launcher-image={LAUNCHER_IMAGE}"),
+        ]);
+        command.current_dir(&dir).env("TMPDIR", &dir);
+        let mut process = ManagedProcess::spawn(
+            &format!("{}/virt-controller", control_plane.name()),
+            command,
+            &dir.join("virt-controller.log"),
+        )?;
+        wait_leading(&mut process, &control_plane.ca().cert_pem(), port).await?;
+        Ok(Self { process })
+    }
+
+    /// The last lines of virt-controller's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Whether it still runs (it exits when it loses the Lease or when CDI's
+    /// CRDs change).
+    pub fn running(&mut self) -> bool {
+        self.process.exit_status().is_none()
+    }
+}
+
+/// `/leader` answers 200 from the start; its body says `"leader":"true"`
+/// once this process leads and its caches synced.
+async fn wait_leading(process: &mut ManagedProcess, ca_pem: &str, port: u16) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
+        .build()?;
+    let url = format!("https://localhost:{port}/leader");
+    let leading = wait::until("virt-controller to lead", START_TIMEOUT, || {
+        let exited = process.exit_status();
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            if let Some(status) = exited {
+                return Ok(Some(Err(status)));
+            }
+            let Ok(response) = http.get(&url).timeout(Duration::from_secs(2)).send().await else {
+                return Ok(None);
+            };
+            let body = response.text().await.unwrap_or_default();
+            Ok(body
+                .replace(char::is_whitespace, "")
+                .contains(r#""leader":"true""#)
+                .then_some(Ok(())))
+        }
+    })
+    .await;
+    match leading {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(status)) => anyhow::bail!(
+            "virt-controller exited with {status} during start:\n{}",
+            process.log_tail(30)
+        ),
+        Err(error) => Err(error.context(format!(
+            "virt-controller log tail:\n{}",
+            process.log_tail(30)
+        ))),
     }
 }
 

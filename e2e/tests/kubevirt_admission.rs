@@ -4,19 +4,26 @@
 //! VirtualMachine tenantry renders is admitted: from each of CAPK's cluster
 //! templates (but the one whose interface binding KubeVirt dropped), and
 //! from `Kubernetes` worker pools (Talos disk from the image factory, an
-//! instance type or explicit resources, GPUs, the eviction strategy).
+//! instance type or explicit resources, GPUs, the eviction strategy). And
+//! KubeVirt's own virt-controller takes one such VM to Running.
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use kube::ResourceExt as _;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::kubevirt::KubevirtMachine;
 use tenantry_api::tenant::{Kubernetes, KubernetesSpec};
+use tenantry_api::tenant_nodes::quantity_milli_value;
 use tenantry_api::tenant_nodes::{KubernetesNodes, KubernetesNodesSpec};
 use tenantry_e2e::clusterctl_template::{capk_templates, substitute, test_variables};
-use tenantry_e2e::kubevirt_upstream::{VirtApi, refused_virtual_machine};
+use tenantry_e2e::kubevirt_upstream::{
+    LAUNCHER_IMAGE, SERVICE_ACCOUNT_GROUPS, VIRT_HANDLER_USER, VirtApi, VirtController,
+    refused_virtual_machine,
+};
 use tenantry_e2e::manifests::{FIELD_MANAGER, parse_documents};
+use tenantry_e2e::wait;
 use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
 use tenantry_provider::capi::bootstrap::BootstrapFormat;
 use tenantry_provider::kubevirt::render::{MachineRole, VmPlacement, desired_virtual_machine};
@@ -225,4 +232,264 @@ async fn every_vm_a_kubernetes_pool_renders_is_admitted() {
         );
         admitted(&client, &vm, &format!("pool {pool_name}")).await;
     }
+}
+
+/// KubeVirt's own virt-controller takes a VM tenantry renders from there:
+/// the VMI per its run strategy, the virt-launcher pod, and, once the pod
+/// runs on a node and virt-handler (played here) reports the domain up,
+/// the VM's status as tenantry reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn virt_controller_runs_a_vm_tenantry_renders() {
+    let (control_plane, virt_api) = world().await;
+    let mut controller = VirtController::start(&control_plane, &virt_api)
+        .await
+        .expect("virt-controller starts and leads");
+    let client = control_plane.client();
+    let node = "worker-1";
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": node, "labels": { "kubevirt.io/schedulable": "true" } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("node");
+
+    // CAPK's default template, as tenantry renders it (a container disk:
+    // no CDI here).
+    let text = std::fs::read_to_string(
+        capk_templates()
+            .into_iter()
+            .find(|f| f.file_name().is_some_and(|n| n == "cluster-template.yaml"))
+            .expect("CAPK's default template"),
+    )
+    .expect("read template");
+    let text = substitute(&text, &test_variables("demo", NAMESPACE)).expect("substitute");
+    let spec = parse_documents(&text)
+        .expect("parse template")
+        .into_iter()
+        .find(|d| {
+            d["kind"] == "KubevirtMachineTemplate"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("md-0"))
+        })
+        .expect("the workers' KubevirtMachineTemplate")["spec"]["template"]["spec"]
+        .clone();
+    let vm = rendered("demo-md-0-abcde", &spec, BootstrapFormat::CloudConfig);
+    let name = vm.metadata.name.clone().unwrap();
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": format!("{name}-userdata") },
+                "stringData": { "userdata": "#cloud-config\n" },
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("userdata secret");
+    admitted(&client, &vm, "CAPK's default template").await;
+
+    let vmis: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &resource("VirtualMachineInstance", "virtualmachineinstances"),
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let fail = |what: &str, controller: &VirtController| {
+        format!(
+            "{what}\nvirt-controller log tail:\n{}",
+            controller.log_tail(40)
+        )
+    };
+
+    // virt-controller makes the VMI, owned by the VM, and its launcher pod.
+    let vmi = eventually(|| async { vmis.get_opt(&name).await.ok().flatten() })
+        .await
+        .unwrap_or_else(|| panic!("{}", fail("no VMI for the VM", &controller)));
+    let owner = vmi.metadata.owner_references.clone().unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "VirtualMachine" && o.name == name && o.controller == Some(true)),
+        "the VMI is the VM's: {owner:?}"
+    );
+    let vmi_uid = vmi.metadata.uid.clone().unwrap();
+    let selector = format!("kubevirt.io=virt-launcher,kubevirt.io/created-by={vmi_uid}");
+    let pod = eventually(|| async {
+        pods.list(&ListParams::default().labels(&selector))
+            .await
+            .ok()
+            .and_then(|l| l.items.into_iter().next())
+    })
+    .await
+    .unwrap_or_else(|| panic!("{}", fail("no launcher pod for the VMI", &controller)));
+    let pod_spec = pod.spec.clone().unwrap();
+    assert_eq!(
+        pod_spec
+            .node_selector
+            .as_ref()
+            .and_then(|s| s.get("kubevirt.io/schedulable"))
+            .map(String::as_str),
+        Some("true"),
+        "launcher pods go to nodes virt-handler serves"
+    );
+    let compute = pod_spec
+        .containers
+        .iter()
+        .find(|c| c.name == "compute")
+        .expect("a compute container");
+    assert_eq!(compute.image.as_deref(), Some(LAUNCHER_IMAGE));
+    let guest_memory = vm_memory(&vm);
+    let requested = compute
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("memory"))
+        .map(|q| q.0.clone())
+        .expect("the compute container asks for memory");
+    assert!(
+        quantity_bytes(&requested) > quantity_bytes(&guest_memory),
+        "the launcher asks for the guest's {guest_memory} and its overhead, got {requested}"
+    );
+
+    // The kubelet's part: the pod bound to the node and running.
+    let pod_name = pod.metadata.name.clone().unwrap();
+    pods.create_subresource::<_, Value>(
+        "binding",
+        &pod_name,
+        &PostParams::default(),
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": { "name": pod_name },
+            "target": { "apiVersion": "v1", "kind": "Node", "name": node },
+        }),
+    )
+    .await
+    .expect("bind the launcher pod");
+    let containers: Vec<Value> = pod_spec
+        .containers
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name, "image": c.image, "imageID": "", "ready": true,
+                "restartCount": 0, "started": true,
+                "state": { "running": { "startedAt": "2026-12-06T00:00:00Z" } },
+            })
+        })
+        .collect();
+    pods.patch_status(
+        &pod_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": {
+            "phase": "Running",
+            "podIP": "10.244.0.10",
+            "conditions": [{ "type": "Ready", "status": "True" }],
+            "containerStatuses": containers,
+        }})),
+    )
+    .await
+    .expect("the launcher pod runs");
+
+    // virt-controller schedules the VMI on the pod's node.
+    let scheduled = eventually(|| async {
+        vmis.get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|v| v.data["status"]["phase"] == "Scheduled")
+    })
+    .await
+    .unwrap_or_else(|| panic!("{}", fail("the VMI never got Scheduled", &controller)));
+    assert_eq!(scheduled.data["status"]["nodeName"], node);
+    assert_eq!(
+        scheduled
+            .labels()
+            .get("kubevirt.io/nodeName")
+            .map(String::as_str),
+        Some(node)
+    );
+
+    // virt-handler's part, as its ServiceAccount: the domain is up.
+    let handler = control_plane
+        .user_kubeconfig(VIRT_HANDLER_USER, &SERVICE_ACCOUNT_GROUPS)
+        .expect("handler kubeconfig");
+    let handler = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&handler).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let handler_vmis: Api<DynamicObject> = Api::namespaced_with(
+        handler,
+        NAMESPACE,
+        &resource("VirtualMachineInstance", "virtualmachineinstances"),
+    );
+    let mut running = scheduled.clone();
+    running.data["status"]["phase"] = json!("Running");
+    running.data["status"]["conditions"] = json!([{ "type": "Ready", "status": "True" }]);
+    running.data["status"]["interfaces"] =
+        json!([{ "name": "default", "ipAddress": "10.244.0.10", "ipAddresses": ["10.244.0.10"] }]);
+    handler_vmis
+        .replace(&name, &PostParams::default(), &running)
+        .await
+        .expect("virt-handler reports the domain running");
+
+    // The VM's status, written by virt-controller, as tenantry reads it.
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &resource("VirtualMachine", "virtualmachines"),
+    );
+    let ready = eventually(|| async {
+        vms.get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|v| v.data["status"]["ready"] == true)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{}", fail("the VM never became ready", &controller)));
+    assert_eq!(ready.data["status"]["printableStatus"], "Running");
+    assert!(controller.running(), "virt-controller still runs");
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kubevirt.io", "v1", kind), plural)
+}
+
+/// Polls `probe` until it yields, for at most two minutes (an upper bound
+/// for a busy machine, not a measure).
+async fn eventually<T, F, Fut>(mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait::until("", std::time::Duration::from_secs(120), || {
+        let found = probe();
+        async move { Ok(found.await) }
+    })
+    .await
+    .ok()
+}
+
+fn vm_memory(vm: &VirtualMachine) -> String {
+    let value = serde_json::to_value(vm).unwrap();
+    let domain = &value["spec"]["template"]["spec"]["domain"];
+    domain["memory"]["guest"]
+        .as_str()
+        .or_else(|| domain["resources"]["requests"]["memory"].as_str())
+        .expect("the VM names its memory")
+        .to_string()
+}
+
+fn quantity_bytes(quantity: &str) -> i128 {
+    quantity_milli_value(quantity).expect("a quantity")
 }
