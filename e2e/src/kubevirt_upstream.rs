@@ -3,7 +3,8 @@
 //! in virt-operator's place.
 //!
 //! What virt-operator would install comes from KubeVirt's generators
-//! (`kubevirt-manifests`): every KubeVirt CRD, the ServiceAccounts and roles
+//! (`kubevirt-manifests`), and CDI's CRDs from CDI's module (`cdi-crds`):
+//! every KubeVirt CRD, the ServiceAccounts and roles
 //! of virt-api, virt-controller and virt-handler, and virt-api's mutating
 //! and validating webhook configurations. The harness applies them as they
 //! are, with two changes a cluster does not need: each webhook names the
@@ -96,6 +97,13 @@ impl VirtApi {
         manifests::apply_crds(&client, manifests::crds_of(crds)?)
             .await
             .context("install KubeVirt's CRDs")?;
+        // CDI's too, as on a platform running CDI: virt-api and
+        // virt-controller pick their DataVolume handling at start (and exit
+        // when the CRDs come later).
+        let cdi = manifests::read_documents(&upstream.cdi_crds()?)?;
+        manifests::apply_crds(&client, manifests::crds_of(cdi)?)
+            .await
+            .context("install CDI's CRDs")?;
         for role in &roles {
             manifests::apply_object(&client, role, NAMESPACE)
                 .await

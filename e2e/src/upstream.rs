@@ -162,6 +162,19 @@ impl Upstream {
         Ok(path)
     }
 
+    /// CDI's CRDs as CDI's operator installs them (`hack/upstream/cdi`, the
+    /// CDI API release KubeVirt builds against), one YAML stream.
+    pub fn cdi_crds(&self) -> anyhow::Result<PathBuf> {
+        let path = self.root.join("cdi").join("cdi-crds.yaml");
+        if !path.is_file() {
+            bail!(
+                "CDI CRDs not found at {}: run hack/upstream/build.sh first",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
     /// The folder holding cert-manager's CRDs (`crd/`), of the cert-manager
     /// version the pinned clusterctl installs by default.
     pub fn cert_manager_config(&self) -> anyhow::Result<PathBuf> {

@@ -7,7 +7,7 @@
 //! instance type or explicit resources, GPUs, the eviction strategy). And
 //! KubeVirt's own virt-controller takes one such VM to Running.
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod, Secret};
 use kube::ResourceExt as _;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -234,31 +234,14 @@ async fn every_vm_a_kubernetes_pool_renders_is_admitted() {
     }
 }
 
-/// KubeVirt's own virt-controller takes a VM tenantry renders from there:
-/// the VMI per its run strategy, the virt-launcher pod, and, once the pod
-/// runs on a node and virt-handler (played here) reports the domain up,
-/// the VM's status as tenantry reads it.
+/// KubeVirt's own virt-controller takes a VM tenantry renders from CAPK's
+/// default template (a container disk) to Running; see [`run_with_kubevirt`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virt_controller_runs_a_vm_tenantry_renders() {
     let (control_plane, virt_api) = world().await;
     let mut controller = VirtController::start(&control_plane, &virt_api)
         .await
         .expect("virt-controller starts and leads");
-    let client = control_plane.client();
-    let node = "worker-1";
-    Api::<Node>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": { "name": node, "labels": { "kubevirt.io/schedulable": "true" } },
-            }))
-            .unwrap(),
-        )
-        .await
-        .expect("node");
-
-    // CAPK's default template, as tenantry renders it (a container disk:
-    // no CDI here).
     let text = std::fs::read_to_string(
         capk_templates()
             .into_iter()
@@ -279,6 +262,95 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
         .expect("the workers' KubevirtMachineTemplate")["spec"]["template"]["spec"]
         .clone();
     let vm = rendered("demo-md-0-abcde", &spec, BootstrapFormat::CloudConfig);
+    let vmi = run_with_kubevirt(&control_plane, &mut controller, &vm).await;
+    assert_eq!(
+        vmi.data["spec"]["domain"]["memory"]["guest"],
+        json!(vm_memory(&vm)),
+        "the VMI has the VM's memory"
+    );
+}
+
+/// The same for a Talos worker pool's VM: its instance type applied by
+/// virt-controller, and its boot disk a DataVolume virt-controller makes
+/// from the VM's template (CDI's import played here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn virt_controller_runs_a_talos_pool_vm() {
+    let (control_plane, virt_api) = world().await;
+    let mut controller = VirtController::start(&control_plane, &virt_api)
+        .await
+        .expect("virt-controller starts and leads");
+    let client = control_plane.client();
+    let instancetypes = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "instancetype.kubevirt.io",
+            "v1beta1",
+            "VirtualMachineClusterInstancetype",
+        ),
+        "virtualmachineclusterinstancetypes",
+    );
+    Api::<DynamicObject>::all_with(client.clone(), &instancetypes)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "instancetype.kubevirt.io/v1beta1",
+                "kind": "VirtualMachineClusterInstancetype",
+                "metadata": { "name": "u1.medium" },
+                "spec": { "cpu": { "guest": 1 }, "memory": { "guest": "4Gi" } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("instance type");
+    let mut kubernetes = Kubernetes::new("demo", KubernetesSpec::default());
+    kubernetes.metadata.namespace = Some(NAMESPACE.into());
+    let mut pool = KubernetesNodes::new("demo-workers", KubernetesNodesSpec::for_cluster("demo"));
+    pool.metadata.namespace = Some(NAMESPACE.into());
+    let names = PoolNames::of(&pool).expect("pool names");
+    let template = machine_template(&kubernetes, &pool, &names, "http://factory.internal");
+    let vm = rendered(
+        &format!("{}-0", names.objects),
+        &template["spec"]["template"]["spec"],
+        BootstrapFormat::TalosConfig,
+    );
+    assert!(
+        vm.spec
+            .data_volume_templates
+            .as_ref()
+            .is_some_and(|t| !t.is_empty()),
+        "the pool's VM boots from a DataVolume"
+    );
+    let vmi = run_with_kubevirt(&control_plane, &mut controller, &vm).await;
+    assert_eq!(
+        vmi.data["spec"]["domain"]["memory"]["guest"], "4Gi",
+        "virt-controller applied the instance type"
+    );
+}
+
+/// Creates `vm` as tenantry does and takes it to Running with KubeVirt's own
+/// virt-controller, the test playing the parts that cannot run here: CDI's
+/// import (each DataVolume virt-controller makes is imported, its PVC
+/// bound), the kubelet (the launcher pod bound to a node and running) and
+/// virt-handler (the domain up, written as its ServiceAccount). Checks what
+/// virt-controller does on the way — the VMI owned by the VM, the launcher
+/// pod's node selector, image and memory, the VMI scheduled on the pod's
+/// node, the VM Running and ready — and returns the running VMI.
+async fn run_with_kubevirt(
+    control_plane: &ControlPlane,
+    controller: &mut VirtController,
+    vm: &VirtualMachine,
+) -> DynamicObject {
+    let client = control_plane.client();
+    let node = "worker-1";
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": node, "labels": { "kubevirt.io/schedulable": "true" } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("node");
     let name = vm.metadata.name.clone().unwrap();
     Api::<Secret>::namespaced(client.clone(), NAMESPACE)
         .create(
@@ -291,14 +363,7 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
         )
         .await
         .expect("userdata secret");
-    admitted(&client, &vm, "CAPK's default template").await;
-
-    let vmis: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        NAMESPACE,
-        &resource("VirtualMachineInstance", "virtualmachineinstances"),
-    );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    admitted(&client, vm, &name).await;
     let fail = |what: &str, controller: &VirtController| {
         format!(
             "{what}\nvirt-controller log tail:\n{}",
@@ -306,10 +371,91 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
         )
     };
 
+    // CDI's part: each DataVolume virt-controller makes from the VM's
+    // templates is imported and its PVC bound.
+    let data_volumes: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+            "datavolumes",
+        ),
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    for template in vm.spec.data_volume_templates.as_deref().unwrap_or_default() {
+        let dv_name = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .expect("DataVolume name");
+        let dv = eventually(|| async { data_volumes.get_opt(&dv_name).await.ok().flatten() })
+            .await
+            .unwrap_or_else(|| panic!("{}", fail(&format!("no DataVolume {dv_name}"), controller)));
+        let owners = dv.metadata.owner_references.clone().unwrap_or_default();
+        assert!(
+            owners
+                .iter()
+                .any(|o| o.kind == "VirtualMachine" && o.name == name),
+            "the DataVolume is the VM's: {owners:?}"
+        );
+        claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": dv_name },
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": { "requests": { "storage": "10Gi" } },
+                    },
+                }))
+                .unwrap(),
+            )
+            .await
+            .expect("the DataVolume's PVC");
+        claims
+            .patch_status(
+                &dv_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": {
+                    "phase": "Bound",
+                    "accessModes": ["ReadWriteOnce"],
+                    "capacity": { "storage": "10Gi" },
+                }})),
+            )
+            .await
+            .expect("the PVC is bound");
+        data_volumes
+            .patch_status(
+                &dv_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": {
+                    "phase": "Succeeded",
+                    "progress": "100.0%",
+                    "claimName": dv_name,
+                    "conditions": [
+                        { "type": "Bound", "status": "True", "reason": "Bound" },
+                        { "type": "Ready", "status": "True", "reason": "" },
+                        { "type": "Running", "status": "False", "reason": "Completed" },
+                    ],
+                }})),
+            )
+            .await
+            .expect("the DataVolume is imported");
+    }
+
+    let vmis: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &resource("VirtualMachineInstance", "virtualmachineinstances"),
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+
     // virt-controller makes the VMI, owned by the VM, and its launcher pod.
     let vmi = eventually(|| async { vmis.get_opt(&name).await.ok().flatten() })
         .await
-        .unwrap_or_else(|| panic!("{}", fail("no VMI for the VM", &controller)));
+        .unwrap_or_else(|| panic!("{}", fail("no VMI for the VM", controller)));
     let owner = vmi.metadata.owner_references.clone().unwrap_or_default();
     assert!(
         owner
@@ -326,7 +472,7 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
             .and_then(|l| l.items.into_iter().next())
     })
     .await
-    .unwrap_or_else(|| panic!("{}", fail("no launcher pod for the VMI", &controller)));
+    .unwrap_or_else(|| panic!("{}", fail("no launcher pod for the VMI", controller)));
     let pod_spec = pod.spec.clone().unwrap();
     assert_eq!(
         pod_spec
@@ -343,7 +489,11 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
         .find(|c| c.name == "compute")
         .expect("a compute container");
     assert_eq!(compute.image.as_deref(), Some(LAUNCHER_IMAGE));
-    let guest_memory = vm_memory(&vm);
+    let guest_memory = vmi.data["spec"]["domain"]["memory"]["guest"]
+        .as_str()
+        .or_else(|| vmi.data["spec"]["domain"]["resources"]["requests"]["memory"].as_str())
+        .expect("the VMI names its memory")
+        .to_string();
     let requested = compute
         .resources
         .as_ref()
@@ -404,7 +554,7 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
             .filter(|v| v.data["status"]["phase"] == "Scheduled")
     })
     .await
-    .unwrap_or_else(|| panic!("{}", fail("the VMI never got Scheduled", &controller)));
+    .unwrap_or_else(|| panic!("{}", fail("the VMI never got Scheduled", controller)));
     assert_eq!(scheduled.data["status"]["nodeName"], node);
     assert_eq!(
         scheduled
@@ -435,9 +585,10 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
     let mut running = scheduled.clone();
     running.data["status"]["phase"] = json!("Running");
     running.data["status"]["conditions"] = json!([{ "type": "Ready", "status": "True" }]);
-    running.data["status"]["interfaces"] =
-        json!([{ "name": "default", "ipAddress": "10.244.0.10", "ipAddresses": ["10.244.0.10"] }]);
-    handler_vmis
+    running.data["status"]["interfaces"] = json!([{
+        "name": "default", "ipAddress": "10.244.0.10", "ipAddresses": ["10.244.0.10"],
+    }]);
+    let running = handler_vmis
         .replace(&name, &PostParams::default(), &running)
         .await
         .expect("virt-handler reports the domain running");
@@ -456,9 +607,10 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
             .filter(|v| v.data["status"]["ready"] == true)
     })
     .await
-    .unwrap_or_else(|| panic!("{}", fail("the VM never became ready", &controller)));
+    .unwrap_or_else(|| panic!("{}", fail("the VM never became ready", controller)));
     assert_eq!(ready.data["status"]["printableStatus"], "Running");
     assert!(controller.running(), "virt-controller still runs");
+    running
 }
 
 fn resource(kind: &str, plural: &str) -> ApiResource {

@@ -322,6 +322,19 @@ main() {
 		fi
 		ln -sfn "kubevirt-$kubevirt_version/config" "$cache/kubevirt"
 	fi
+	# CDI's CRDs as its operator installs them (virt-controller lists all of
+	# them once DataVolumes exist), linked as upstream/cdi/cdi-crds.yaml.
+	cdi_version="$(version_of cdi kubevirt.io/containerized-data-importer)"
+	if sel kubevirt || sel cdi; then
+		build cdi-crds cdi tenantry.dev/hack/upstream/cdi/cmd/cdi-crds "$cdi_version"
+		local cdi_config="$cache/cdi-$cdi_version/config"
+		if [[ ! -s "$cdi_config/cdi-crds.yaml" ]]; then
+			mkdir -p "$cdi_config"
+			"$cache/bin/cdi-crds" >"$cdi_config/cdi-crds.yaml.partial"
+			mv "$cdi_config/cdi-crds.yaml.partial" "$cdi_config/cdi-crds.yaml"
+		fi
+		ln -sfn "cdi-$cdi_version/config" "$cache/cdi"
+	fi
 
 	# --- Cluster API Operator ---------------------------------------------------
 	# Installs providers from CoreProvider/InfrastructureProvider/... objects, as
