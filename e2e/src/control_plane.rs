@@ -456,6 +456,14 @@ impl ControlPlane {
         Ok(path)
     }
 
+    /// A client as `user` in `groups` (see [`Self::user_kubeconfig`]).
+    pub async fn user_client(&self, user: &str, groups: &[&str]) -> anyhow::Result<kube::Client> {
+        let path = self.user_kubeconfig(user, groups)?;
+        let kubeconfig = Kubeconfig::read_from(&path)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Kubeconfig {
         &self.kubeconfig

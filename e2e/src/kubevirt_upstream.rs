@@ -143,13 +143,17 @@ impl VirtApi {
                 "127.0.0.1",
             ],
         )?;
-        let (cert, key) = serving.write(&dir, "tls")?;
+        // Certificates in a folder of their own: virt-api watches the
+        // folder, and would reload (and log it) on each write of its log.
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).context("create virt-api certificate folder")?;
+        let (cert, key) = serving.write(&certs, "tls")?;
         // virt-api's client certificate towards virt-handler (consoles):
         // unused here, but virt-api keeps looking for the files.
         let (handler_cert, handler_key) = control_plane
             .ca()
             .issue_client("kubevirt.io:system:client:virt-handler", &[])?
-            .write(&dir, "handler-client")?;
+            .write(&certs, "handler-client")?;
         let kubeconfig = control_plane.user_kubeconfig(VIRT_API_USER, &SERVICE_ACCOUNT_GROUPS)?;
         let port = free_port()?;
         let mut command = Command::new(upstream.binary(Binary::VirtApi)?);
@@ -253,10 +257,13 @@ impl VirtController {
         let dir = control_plane.dir().join("virt-controller");
         std::fs::create_dir_all(&dir).context("create virt-controller folder")?;
         // Its health and leader endpoints are HTTPS only.
+        // In a folder of their own, as for virt-api.
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).context("create virt-controller certificate folder")?;
         let (cert, key) = control_plane
             .ca()
             .issue_server("virt-controller", &["localhost", "127.0.0.1"])?
-            .write(&dir, "tls")?;
+            .write(&certs, "tls")?;
         let kubeconfig =
             control_plane.user_kubeconfig(VIRT_CONTROLLER_USER, &SERVICE_ACCOUNT_GROUPS)?;
         let port = free_port()?;

@@ -566,17 +566,9 @@ async fn run_with_kubevirt(
 
     // virt-handler's part, as its ServiceAccount: the domain is up.
     let handler = control_plane
-        .user_kubeconfig(VIRT_HANDLER_USER, &SERVICE_ACCOUNT_GROUPS)
-        .expect("handler kubeconfig");
-    let handler = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&handler).unwrap(),
-            &Default::default(),
-        )
+        .user_client(VIRT_HANDLER_USER, &SERVICE_ACCOUNT_GROUPS)
         .await
-        .unwrap(),
-    )
-    .unwrap();
+        .expect("virt-handler's client");
     let handler_vmis: Api<DynamicObject> = Api::namespaced_with(
         handler,
         NAMESPACE,

@@ -76,9 +76,9 @@ impl World {
         let capi = ClusterApiManager::start(&control_plane)
             .await
             .expect("start Cluster API manager");
-        let sim = KubevirtSimulator::start(client.clone(), sim_config)
+        let sim = KubevirtSimulator::start_with_kubevirt(&control_plane, sim_config)
             .await
-            .expect("start KubeVirt simulator");
+            .expect("start KubeVirt (virt-api, virt-controller) and its simulator");
         let factory = ImageFactory::start(ImageFactoryConfig {
             versions: vec![TALOS_VERSION.into()],
             ..Default::default()
@@ -111,8 +111,9 @@ impl World {
 
     fn fail(&self, error: anyhow::Error) -> ! {
         panic!(
-            "{error:#}\n---- Cluster API manager log ----\n{}",
-            self.capi.log_tail(30)
+            "{error:#}\n---- Cluster API manager log ----\n{}\n---- virt-controller log ----\n{}",
+            self.capi.log_tail(30),
+            self.sim.virt_controller_log(30).unwrap_or_default()
         )
     }
 
@@ -655,7 +656,12 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     );
 
     // Deleting the CAPI Machine deletes everything, and the KubevirtMachine
-    // stays (with its finalizer, saying why) while the VM shuts down.
+    // stays (with its finalizer, saying why) while the VM shuts down: the
+    // guest takes its time until the test has seen that.
+    let slow_shutdown = world.sim.faults().inject(
+        FaultTarget::named(NAMESPACE, "demo-worker-1"),
+        Fault::SlowShutdown(Duration::from_secs(3600)),
+    );
     world
         .api::<Machine>()
         .delete("demo-worker-1", &DeleteParams::default())
@@ -682,6 +688,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     )
     .await
     .unwrap_or_else(|e| world.fail(e));
+    world.sim.faults().clear(slow_shutdown);
     world.wait_all_gone(&["demo-worker-1".to_string()]).await;
 }
 
@@ -1463,6 +1470,11 @@ async fn nested_template_metadata_reaches_the_vm_the_vmi_and_the_data_volume() {
             "storage": { "resources": { "requests": { "storage": "1Gi" } } }
         }
     }]);
+    // KubeVirt refuses a DataVolume template no volume uses.
+    let guest = &mut vm_spec["template"]["spec"];
+    guest["domain"]["devices"]["disks"] =
+        json!([{ "name": "scratch", "disk": { "bus": "virtio" } }]);
+    guest["volumes"] = json!([{ "name": "scratch", "dataVolume": { "name": "scratch" } }]);
 
     // The template keeps the fields as stored (the CRD used to prune them).
     create(

@@ -37,6 +37,9 @@ pub enum Fault {
     BootstrapSentinel(String),
     /// See [`keys::BOOTSTRAP_DURATION`] (SSH guests only).
     SlowBootstrap(Duration),
+    /// See [`keys::SHUTDOWN_GRACE`]: the guest takes this long to shut down
+    /// once its VMI is deleted (clear the fault to let it finish).
+    SlowShutdown(Duration),
 }
 
 /// Which objects a fault applies to: VMI faults match the VirtualMachine's
@@ -208,6 +211,9 @@ impl Faults {
                 Fault::SlowBootstrap(duration) => {
                     faults.bootstrap_duration.get_or_insert(duration);
                 }
+                Fault::SlowShutdown(grace) => {
+                    faults.shutdown_grace.get_or_insert(grace);
+                }
                 Fault::ImportError(_) | Fault::ImportFatal(_) | Fault::SlowImport(_) => {}
             }
         }
@@ -258,7 +264,8 @@ impl Faults {
                 | Fault::HungGuest
                 | Fault::BootstrapSentinelAbsent
                 | Fault::BootstrapSentinel(_)
-                | Fault::SlowBootstrap(_) => {}
+                | Fault::SlowBootstrap(_)
+                | Fault::SlowShutdown(_) => {}
             }
         }
         faults

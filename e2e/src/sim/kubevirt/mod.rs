@@ -29,6 +29,7 @@ mod guest;
 mod image_factory;
 mod importer;
 mod ip_pool;
+mod kubelet;
 mod migration;
 mod resources;
 mod virt_controller;
@@ -47,6 +48,8 @@ pub use faults::{Fault, FaultId, FaultTarget, Faults};
 pub use guest::{BOOTSTRAP_SENTINEL, SshGuestConfig};
 pub use image_factory::{DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig};
 
+use crate::control_plane::ControlPlane;
+use crate::kubevirt_upstream::{VirtApi, VirtController};
 use crate::manifests;
 
 /// Annotation keys that inject faults. Put them on the object named in each
@@ -257,6 +260,10 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
 pub struct KubevirtSimulator {
     context: Arc<resources::Context>,
     tasks: Vec<JoinHandle<()>>,
+    /// KubeVirt's own virt-api and virt-controller, when they run
+    /// ([`Self::start_with_kubevirt`]); declared after the tasks, so they
+    /// stop after them.
+    kubevirt: Option<(VirtApi, VirtController)>,
 }
 
 impl std::fmt::Debug for KubevirtSimulator {
@@ -280,22 +287,73 @@ impl KubevirtSimulator {
         if config.nodes.is_empty() {
             anyhow::bail!("the simulator needs at least one node name");
         }
-        let context = resources::Context::new(client, config, ips);
+        let context = resources::Context::new(client, None, config, ips);
+        Self::start_tasks(context, None).await
+    }
+
+    /// KubeVirt's own virt-api and virt-controller on `control_plane`
+    /// ([`VirtApi`], [`VirtController`]: KubeVirt v1.8.4's CRDs, webhooks
+    /// and controllers), and the simulator for what cannot run here: the
+    /// kubelet of launcher pods, virt-handler (writing as its
+    /// ServiceAccount), the guests and CDI. `config.install_crds` is
+    /// ignored: KubeVirt's and CDI's own CRDs are installed. Live migration
+    /// is left out (virt-controller's migration controller would wait for
+    /// virt-handler's part of it, which is not simulated).
+    pub async fn start_with_kubevirt(
+        control_plane: &ControlPlane,
+        config: KubevirtSimConfig,
+    ) -> anyhow::Result<Self> {
+        let virt_api = VirtApi::start(control_plane).await?;
+        let virt_controller = VirtController::start(control_plane, &virt_api).await?;
+        let handler = control_plane
+            .user_client(
+                crate::kubevirt_upstream::VIRT_HANDLER_USER,
+                &crate::kubevirt_upstream::SERVICE_ACCOUNT_GROUPS,
+            )
+            .await?;
+        let ips = ip_pool::IpPool::parse(&config.ip_pool)?;
+        let context = resources::Context::new(control_plane.client(), Some(handler), config, ips);
+        kubelet::register_nodes(&context)
+            .await
+            .context("register the nodes")?;
+        Self::start_tasks(context, Some((virt_api, virt_controller))).await
+    }
+
+    async fn start_tasks(
+        context: Arc<resources::Context>,
+        kubevirt: Option<(VirtApi, VirtController)>,
+    ) -> anyhow::Result<Self> {
         context.guests.check_pool(&context.config.ip_pool)?;
         context
             .ips
             .seed_from_cluster(&context.client)
             .await
             .context("read the IPs of existing VMIs")?;
-        let tasks = vec![
-            tokio::spawn(virt_controller::run(context.clone())),
+        let mut tasks = vec![
             tokio::spawn(virt_handler::run(context.clone())),
-            tokio::spawn(migration::run(context.clone())),
             tokio::spawn(cdi::run(context.clone())),
             tokio::spawn(cdi::run_pvc_protection(context.clone())),
         ];
+        if context.real_controller {
+            tasks.push(tokio::spawn(kubelet::run(context.clone())));
+            tasks.push(tokio::spawn(kubelet::run_pod_deletion(context.clone())));
+        } else {
+            tasks.push(tokio::spawn(virt_controller::run(context.clone())));
+            tasks.push(tokio::spawn(migration::run(context.clone())));
+        }
         tracing::info!(name = %context.config.name, "KubeVirt/CDI simulator started");
-        Ok(Self { context, tasks })
+        Ok(Self {
+            context,
+            tasks,
+            kubevirt,
+        })
+    }
+
+    /// The last lines of virt-controller's log, when it runs.
+    pub fn virt_controller_log(&self, lines: usize) -> Option<String> {
+        self.kubevirt
+            .as_ref()
+            .map(|(_, controller)| controller.log_tail(lines))
     }
 
     /// Faults injected from Rust, by VM or DataVolume name.

@@ -58,6 +58,14 @@ pub(super) fn dv_resource() -> ApiResource {
 /// Shared by the simulator's controllers.
 pub(super) struct Context {
     pub client: kube::Client,
+    /// What VMI status goes through: virt-handler's own ServiceAccount when
+    /// KubeVirt's virt-api and virt-controller run (virt-api reserves VMI
+    /// status to KubeVirt's users), the admin otherwise.
+    pub handler: kube::Client,
+    /// KubeVirt's own virt-controller runs: the simulator leaves the VM, the
+    /// VMI until `Scheduled`, the finalizers and the VMI's `Ready` condition
+    /// to it, and plays the kubelet for launcher pods instead.
+    pub real_controller: bool,
     pub config: KubevirtSimConfig,
     pub faults: Faults,
     pub ips: IpPool,
@@ -66,9 +74,16 @@ pub(super) struct Context {
 }
 
 impl Context {
-    pub fn new(client: kube::Client, config: KubevirtSimConfig, ips: IpPool) -> Arc<Self> {
+    pub fn new(
+        client: kube::Client,
+        handler: Option<kube::Client>,
+        config: KubevirtSimConfig,
+        ips: IpPool,
+    ) -> Arc<Self> {
         let guests = Guests::new(config.ssh_guests.clone());
         Arc::new(Self {
+            real_controller: handler.is_some(),
+            handler: handler.unwrap_or_else(|| client.clone()),
             client,
             config,
             faults: Faults::default(),

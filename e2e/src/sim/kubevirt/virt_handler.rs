@@ -182,7 +182,7 @@ fn container_disk_images(vmi: &Value) -> Vec<String> {
         .collect()
 }
 
-fn node_for(context: &Context, vmi: &DynamicObject, avoid: Option<&str>) -> String {
+pub(super) fn node_for(context: &Context, vmi: &DynamicObject, avoid: Option<&str>) -> String {
     let nodes = &context.config.nodes;
     let start = (stable_hash(uid_of(vmi)) % nodes.len() as u64) as usize;
     (0..nodes.len())
@@ -350,7 +350,7 @@ async fn reconcile(vmi: Arc<DynamicObject>, context: Arc<Context>) -> ReconcileR
     let name = name_of(&vmi).to_string();
     let client = &context.client;
     let vmis: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &vmi_resource());
+        Api::namespaced_with(context.handler.clone(), &namespace, &vmi_resource());
     let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &vm_resource());
     let owner_uid = controller_of(&vmi, "VirtualMachine").map(String::from);
     let vm = match &owner_uid {
@@ -396,7 +396,42 @@ async fn reconcile(vmi: Arc<DynamicObject>, context: Arc<Context>) -> ReconcileR
         || before.1 != update.labels
         || before.2 != update.finalizers
         || !update.annotations.is_empty();
-    if changed {
+    if changed && context.real_controller {
+        // A whole-object update, as virt-handler writes: a merge patch would
+        // drop the null timestamps virt-controller's conditions carry, and
+        // its JSON patches test the conditions as it wrote them.
+        let mut object = (*vmi).clone();
+        object.data["status"] = json!(update.status);
+        object.metadata.labels = Some(
+            update
+                .labels
+                .iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                .collect(),
+        );
+        object.metadata.finalizers = Some(update.finalizers.clone());
+        if let Some(annotations) = object.metadata.annotations.as_mut() {
+            for (key, value) in &update.annotations {
+                match value.as_str() {
+                    Some(text) => {
+                        annotations.insert(key.clone(), text.to_string());
+                    }
+                    None => {
+                        annotations.remove(key);
+                    }
+                }
+            }
+        }
+        let params = PostParams {
+            field_manager: Some(context.manager("virt-handler")),
+            ..PostParams::default()
+        };
+        match vmis.replace(&name, &params, &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Action::await_change()),
+            Err(error) => return Err(error.into()),
+        }
+    } else if changed {
         let mut metadata = json!({"resourceVersion": vmi.metadata.resource_version});
         if before.1 != update.labels {
             metadata["labels"] = json!(replace_patch(&json!(before.1), &json!(update.labels)));
@@ -447,6 +482,10 @@ async fn step(
     // controller's.
     if matches!(phase.as_str(), "Failed" | "Succeeded") {
         context.guests.stop(vmi);
+        if context.real_controller {
+            // virt-controller drops the finalizers once the pod is gone.
+            return Ok(());
+        }
         update.remove_finalizer(VMI_FINALIZER);
         update.status.remove("launcherContainerImageVersion");
         if vm.is_none() {
@@ -459,6 +498,8 @@ async fn step(
         // The guest is shutting down: sshd is among the first to go.
         context.guests.stop(vmi);
         match phase.as_str() {
+            // virt-controller's: it deletes the pod and ends the VMI.
+            "" | "Pending" | "Scheduling" if context.real_controller => {}
             // No guest yet: the launcher pod just goes.
             "" | "Pending" | "Scheduling" => {
                 update.set(pod_terminating());
@@ -496,6 +537,9 @@ async fn step(
     }
 
     match phase.as_str() {
+        // virt-controller's, with the launcher pod bound and run by the
+        // kubelet part (`kubelet.rs`).
+        "" | "Pending" | "Scheduling" if context.real_controller => {}
         "" => {
             if !update.finalizers.iter().any(|f| f == VMI_FINALIZER) {
                 update.finalizers.push(VMI_FINALIZER.into());
@@ -655,7 +699,16 @@ async fn running(
         update.unset("AgentConnected");
         update.status.insert("guestOSInfo".into(), json!({}));
     }
-    if faults.hung_guest {
+    if context.real_controller {
+        // virt-controller copies the pod's readiness into the VMI (the
+        // kubelet part keeps a hung guest's compute container unready).
+        if !faults.hung_guest {
+            context
+                .guests
+                .ensure_running(&context.client, vmi, &update.status, faults)
+                .await;
+        }
+    } else if faults.hung_guest {
         // The compute container's readiness never passes, so the pod (and
         // hence the VMI) is not Ready.
         update.set(ready(
