@@ -5,8 +5,9 @@
 //! What virt-operator would install comes from KubeVirt's generators
 //! (`kubevirt-manifests`), and CDI's CRDs from CDI's module (`cdi-crds`):
 //! every KubeVirt CRD, the ServiceAccounts and roles
-//! of virt-api, virt-controller and virt-handler, and virt-api's mutating
-//! and validating webhook configurations. The harness applies them as they
+//! of virt-api, virt-controller and virt-handler, virt-api's mutating
+//! and validating webhook configurations, and (`kubevirt-instancetypes`)
+//! the common instance types and preferences virt-operator deploys. The harness applies them as they
 //! are, with two changes a cluster does not need: each webhook names the
 //! port virt-api listens on here, and the `virt-api` Service is an
 //! ExternalName for `localhost` (no kube-proxy routes a ClusterIP here; the
@@ -28,6 +29,7 @@ use std::time::Duration;
 use anyhow::Context;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -109,6 +111,17 @@ impl VirtApi {
                 .await
                 .context("install KubeVirt's ServiceAccounts and roles")?;
         }
+        // virt-operator deploys KubeVirt's common instance types and
+        // preferences, which VMs name (u1.medium, ...).
+        let instancetypes = manifests::read_documents(&upstream.kubevirt_instancetypes()?)?;
+        futures::stream::iter(instancetypes.iter().map(|document| {
+            let client = client.clone();
+            async move { manifests::apply_object(&client, document, NAMESPACE).await }
+        }))
+        .buffer_unordered(8)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("deploy KubeVirt's common instance types")?;
         deploy_kubevirt_object(&client).await?;
         // virt-api reads the front proxy's CA from here once, at start, and
         // exits without it; the apiserver writes it shortly after it is up.

@@ -162,6 +162,19 @@ impl Upstream {
         Ok(path)
     }
 
+    /// The common cluster instance types and preferences virt-operator
+    /// deploys (`hack/upstream/kubevirt`, `kubevirt-instancetypes`).
+    pub fn kubevirt_instancetypes(&self) -> anyhow::Result<PathBuf> {
+        let path = self.root.join("kubevirt").join("instancetypes.yaml");
+        if !path.is_file() {
+            bail!(
+                "KubeVirt instance types not found at {}: run hack/upstream/build.sh first",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
     /// CDI's CRDs as CDI's operator installs them (`hack/upstream/cdi`, the
     /// CDI API release KubeVirt builds against), one YAML stream.
     pub fn cdi_crds(&self) -> anyhow::Result<PathBuf> {

@@ -115,9 +115,12 @@ impl World {
         );
         let substrate = match proxmox_tenants {
             None => {
-                let sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
-                    .await
-                    .expect("start the KubeVirt simulator");
+                let sim = KubevirtSimulator::start_with_kubevirt(
+                    &control_plane,
+                    KubevirtSimConfig::fast(),
+                )
+                .await
+                .expect("start KubeVirt (virt-api, virt-controller) and its simulator");
                 // The schematic a `Kubernetes` object that names none gets.
                 let factory = ImageFactory::start(ImageFactoryConfig {
                     schematics: vec![DEFAULT_TALOS_SCHEMATIC_ID.into()],

@@ -168,8 +168,8 @@ async fn every_vm_tenantry_renders_from_capk_templates_is_admitted() {
 async fn every_vm_a_kubernetes_pool_renders_is_admitted() {
     let (control_plane, _virt_api) = world().await;
     let client = control_plane.client();
-    // The instance types a platform offers (KubeVirt's common instance
-    // types); KubeVirt refuses a VM naming one that does not exist.
+    // The instance types pools name are KubeVirt's common instance types,
+    // deployed (here by the harness) as virt-operator deploys them.
     let instancetypes = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(
             "instancetype.kubevirt.io",
@@ -180,16 +180,12 @@ async fn every_vm_a_kubernetes_pool_renders_is_admitted() {
     );
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &instancetypes);
     for (name, cpus, memory) in [("u1.medium", 1, "4Gi"), ("u1.xlarge", 4, "16Gi")] {
-        let object: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "instancetype.kubevirt.io/v1beta1",
-            "kind": "VirtualMachineClusterInstancetype",
-            "metadata": { "name": name },
-            "spec": { "cpu": { "guest": cpus }, "memory": { "guest": memory } },
-        }))
-        .unwrap();
-        api.create(&PostParams::default(), &object)
-            .await
-            .expect("instance type");
+        let instancetype = api.get(name).await.expect("a common instance type");
+        assert_eq!(instancetype.data["spec"]["cpu"]["guest"], cpus, "{name}");
+        assert_eq!(
+            instancetype.data["spec"]["memory"]["guest"], memory,
+            "{name}"
+        );
     }
 
     let mut kubernetes = Kubernetes::new("demo", KubernetesSpec::default());
@@ -270,8 +266,8 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
     );
 }
 
-/// The same for a Talos worker pool's VM: its instance type applied by
-/// virt-controller, and its boot disk a DataVolume virt-controller makes
+/// The same for a Talos worker pool's VM: its instance type (KubeVirt's
+/// common `u1.medium`) applied by virt-controller, and its boot disk a DataVolume virt-controller makes
 /// from the VM's template (CDI's import played here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virt_controller_runs_a_talos_pool_vm() {
@@ -279,28 +275,6 @@ async fn virt_controller_runs_a_talos_pool_vm() {
     let mut controller = VirtController::start(&control_plane, &virt_api)
         .await
         .expect("virt-controller starts and leads");
-    let client = control_plane.client();
-    let instancetypes = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(
-            "instancetype.kubevirt.io",
-            "v1beta1",
-            "VirtualMachineClusterInstancetype",
-        ),
-        "virtualmachineclusterinstancetypes",
-    );
-    Api::<DynamicObject>::all_with(client.clone(), &instancetypes)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "instancetype.kubevirt.io/v1beta1",
-                "kind": "VirtualMachineClusterInstancetype",
-                "metadata": { "name": "u1.medium" },
-                "spec": { "cpu": { "guest": 1 }, "memory": { "guest": "4Gi" } },
-            }))
-            .unwrap(),
-        )
-        .await
-        .expect("instance type");
     let mut kubernetes = Kubernetes::new("demo", KubernetesSpec::default());
     kubernetes.metadata.namespace = Some(NAMESPACE.into());
     let mut pool = KubernetesNodes::new("demo-workers", KubernetesNodesSpec::for_cluster("demo"));

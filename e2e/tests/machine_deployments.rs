@@ -222,9 +222,9 @@ impl World {
         let capi = ClusterApiManager::start(&control_plane)
             .await
             .expect("start Cluster API manager");
-        let sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
+        let sim = KubevirtSimulator::start_with_kubevirt(&control_plane, KubevirtSimConfig::fast())
             .await
-            .expect("start KubeVirt simulator");
+            .expect("start KubeVirt (virt-api, virt-controller) and its simulator");
         let factory = ImageFactory::start(ImageFactoryConfig {
             versions: vec![TALOS.into(), TALOS_NEXT.into()],
             ..Default::default()

@@ -302,7 +302,9 @@ main() {
 	# The e2e harness plays virt-operator (e2e/src/kubevirt_upstream.rs): it
 	# installs what kubevirt-manifests prints from KubeVirt's own generators
 	# (CRDs, RBAC, virt-api's webhook configurations), written next to the
-	# binaries and linked as upstream/kubevirt/kubevirt.yaml.
+	# binaries and linked as upstream/kubevirt/kubevirt.yaml, and the common
+	# instance types and preferences virt-operator deploys
+	# (kubevirt-instancetypes, upstream/kubevirt/instancetypes.yaml).
 	kubevirt_version="$(version_of kubevirt kubevirt.io/kubevirt)"
 	if sel kubevirt; then
 		kubevirt_ldflags=""
@@ -319,6 +321,12 @@ main() {
 			mkdir -p "$manifests"
 			"$cache/bin/kubevirt-manifests" kubevirt >"$manifests/kubevirt.yaml.partial"
 			mv "$manifests/kubevirt.yaml.partial" "$manifests/kubevirt.yaml"
+		fi
+		build kubevirt-instancetypes kubevirt \
+			tenantry.dev/hack/upstream/kubevirt/cmd/kubevirt-instancetypes "$kubevirt_version"
+		if [[ ! -s "$manifests/instancetypes.yaml" ]]; then
+			"$cache/bin/kubevirt-instancetypes" >"$manifests/instancetypes.yaml.partial"
+			mv "$manifests/instancetypes.yaml.partial" "$manifests/instancetypes.yaml"
 		fi
 		ln -sfn "kubevirt-$kubevirt_version/config" "$cache/kubevirt"
 	fi
