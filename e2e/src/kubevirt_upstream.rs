@@ -290,6 +290,11 @@ impl VirtController {
             "--listen=127.0.0.1".to_string(),
             format!("--port={port}"),
             format!("--launcher-image={LAUNCHER_IMAGE}"),
+            // It is the only replica, and it exits when a renewal misses the
+            // deadline (10 s by default): a loaded test machine must not
+            // end it. A restart takes the Lease back at once (same identity).
+            "--leader-elect-lease-duration=120s".to_string(),
+            "--leader-elect-renew-deadline=90s".to_string(),
         ]);
         command.current_dir(&dir).env("TMPDIR", &dir);
         let mut process = ManagedProcess::spawn(
