@@ -185,7 +185,15 @@ impl VirtApi {
             command,
             &dir.join("virt-api.log"),
         )?;
-        wait_healthy(&mut process, &control_plane.ca().cert_pem(), port).await?;
+        wait_answering(
+            &mut process,
+            &control_plane.ca().cert_pem(),
+            port,
+            "/apis/subresources.kubevirt.io/v1/healthz",
+            "virt-api to be healthy",
+            |_| true,
+        )
+        .await?;
 
         register_webhooks(control_plane, webhooks, port).await?;
         let virt_api = Self { process, port };
@@ -302,7 +310,20 @@ impl VirtController {
             command,
             &dir.join("virt-controller.log"),
         )?;
-        wait_leading(&mut process, &control_plane.ca().cert_pem(), port).await?;
+        // `/leader` answers 200 from the start; its body says
+        // `"leader":"true"` once this process leads and its caches synced.
+        wait_answering(
+            &mut process,
+            &control_plane.ca().cert_pem(),
+            port,
+            "/leader",
+            "virt-controller to lead",
+            |body| {
+                body.replace(char::is_whitespace, "")
+                    .contains(r#""leader":"true""#)
+            },
+        )
+        .await?;
         Ok(Self { process })
     }
 
@@ -315,46 +336,6 @@ impl VirtController {
     /// CRDs change).
     pub fn running(&mut self) -> bool {
         self.process.exit_status().is_none()
-    }
-}
-
-/// `/leader` answers 200 from the start; its body says `"leader":"true"`
-/// once this process leads and its caches synced.
-async fn wait_leading(process: &mut ManagedProcess, ca_pem: &str, port: u16) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
-        .build()?;
-    let url = format!("https://localhost:{port}/leader");
-    let leading = wait::until("virt-controller to lead", START_TIMEOUT, || {
-        let exited = process.exit_status();
-        let http = http.clone();
-        let url = url.clone();
-        async move {
-            if let Some(status) = exited {
-                return Ok(Some(Err(status)));
-            }
-            let Ok(response) = http.get(&url).timeout(Duration::from_secs(2)).send().await else {
-                return Ok(None);
-            };
-            let body = response.text().await.unwrap_or_default();
-            Ok(body
-                .replace(char::is_whitespace, "")
-                .contains(r#""leader":"true""#)
-                .then_some(Ok(())))
-        }
-    })
-    .await;
-    match leading {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(status)) => anyhow::bail!(
-            "virt-controller exited with {status} during start:\n{}",
-            process.log_tail(30)
-        ),
-        Err(error) => Err(error.context(format!(
-            "virt-controller log tail:\n{}",
-            process.log_tail(30)
-        ))),
     }
 }
 
@@ -420,7 +401,7 @@ async fn deploy_kubevirt_object(client: &kube::Client) -> anyhow::Result<()> {
             "kind": "KubeVirt",
             "status": {
                 "phase": "Deployed",
-                "defaultArchitecture": std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+                "defaultArchitecture": kubernetes_arch(),
             },
         })),
     )
@@ -429,13 +410,23 @@ async fn deploy_kubevirt_object(client: &kube::Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_healthy(process: &mut ManagedProcess, ca_pem: &str, port: u16) -> anyhow::Result<()> {
+/// Waits until `process` answers `https://localhost:<port><path>` (trusting
+/// `ca_pem`) with a body `ready` accepts; fails at once, with its log tail,
+/// if it exits first.
+async fn wait_answering(
+    process: &mut ManagedProcess,
+    ca_pem: &str,
+    port: u16,
+    path: &str,
+    what: &str,
+    ready: fn(&str) -> bool,
+) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .no_proxy()
         .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
         .build()?;
-    let url = format!("https://localhost:{port}/apis/subresources.kubevirt.io/v1/healthz");
-    let healthy = wait::until("virt-api to be healthy", START_TIMEOUT, || {
+    let url = format!("https://localhost:{port}{path}");
+    let answered = wait::until(what, START_TIMEOUT, || {
         let exited = process.exit_status();
         let http = http.clone();
         let url = url.clone();
@@ -443,22 +434,38 @@ async fn wait_healthy(process: &mut ManagedProcess, ca_pem: &str, port: u16) -> 
             if let Some(status) = exited {
                 return Ok(Some(Err(status)));
             }
-            Ok(
-                match http.get(&url).timeout(Duration::from_secs(2)).send().await {
-                    Ok(response) if response.status().is_success() => Some(Ok(())),
-                    _ => None,
-                },
-            )
+            let Ok(response) = http.get(&url).timeout(Duration::from_secs(2)).send().await else {
+                return Ok(None);
+            };
+            if !response.status().is_success() {
+                return Ok(None);
+            }
+            let body = response.text().await.unwrap_or_default();
+            Ok(ready(&body).then_some(Ok(())))
         }
     })
     .await;
-    match healthy {
+    match answered {
         Ok(Ok(())) => Ok(()),
         Ok(Err(status)) => anyhow::bail!(
-            "virt-api exited with {status} during start:\n{}",
+            "{} exited with {status} during start:\n{}",
+            process.name(),
             process.log_tail(30)
         ),
-        Err(error) => Err(error.context(format!("virt-api log tail:\n{}", process.log_tail(30)))),
+        Err(error) => Err(error.context(format!(
+            "{} log tail:\n{}",
+            process.name(),
+            process.log_tail(30)
+        ))),
+    }
+}
+
+/// The architecture as Kubernetes and KubeVirt name it (`amd64`, `arm64`).
+pub fn kubernetes_arch() -> String {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64".into(),
+        "aarch64" => "arm64".into(),
+        other => other.into(),
     }
 }
 

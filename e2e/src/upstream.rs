@@ -152,36 +152,27 @@ impl Upstream {
     /// KubeVirt's own generators (`hack/upstream/kubevirt`): the CRDs, their
     /// ServiceAccounts and roles, virt-api's webhook configurations.
     pub fn kubevirt_manifests(&self) -> anyhow::Result<PathBuf> {
-        let path = self.root.join("kubevirt").join("kubevirt.yaml");
-        if !path.is_file() {
-            bail!(
-                "KubeVirt manifests not found at {}: run hack/upstream/build.sh first",
-                path.display()
-            );
-        }
-        Ok(path)
+        self.generated("kubevirt/kubevirt.yaml", "KubeVirt manifests")
     }
 
     /// The common cluster instance types and preferences virt-operator
     /// deploys (`hack/upstream/kubevirt`, `kubevirt-instancetypes`).
     pub fn kubevirt_instancetypes(&self) -> anyhow::Result<PathBuf> {
-        let path = self.root.join("kubevirt").join("instancetypes.yaml");
-        if !path.is_file() {
-            bail!(
-                "KubeVirt instance types not found at {}: run hack/upstream/build.sh first",
-                path.display()
-            );
-        }
-        Ok(path)
+        self.generated("kubevirt/instancetypes.yaml", "KubeVirt instance types")
     }
 
     /// CDI's CRDs as CDI's operator installs them (`hack/upstream/cdi`, the
     /// CDI API release KubeVirt builds against), one YAML stream.
     pub fn cdi_crds(&self) -> anyhow::Result<PathBuf> {
-        let path = self.root.join("cdi").join("cdi-crds.yaml");
+        self.generated("cdi/cdi-crds.yaml", "CDI CRDs")
+    }
+
+    /// A file `build.sh` wrote under the cache (`relative` to its root).
+    fn generated(&self, relative: &str, what: &str) -> anyhow::Result<PathBuf> {
+        let path = self.root.join(relative);
         if !path.is_file() {
             bail!(
-                "CDI CRDs not found at {}: run hack/upstream/build.sh first",
+                "{what} not found at {}: run hack/upstream/build.sh first",
                 path.display()
             );
         }

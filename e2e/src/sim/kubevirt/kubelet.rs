@@ -30,11 +30,11 @@ use super::resources::{
     Context, ReconcileResult, add, controller_of, error_requeue, from_k8s, name_of, namespace_of,
     now, requeue_in, stable_hash, timestamp, uid_of, until, vm_resource, vmi_resource,
 };
-use super::virt_handler::node_for;
+use super::virt_controller::CREATED_BY_LABEL;
+use super::virt_handler::{DEFAULT_UNSCHEDULABLE, node_for};
 
 /// The label virt-controller puts on launcher pods.
 const LAUNCHER_SELECTOR: &str = "kubevirt.io=virt-launcher";
-const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
 /// virt-handler's node label, and the one launcher pods select on.
 const SCHEDULABLE_LABEL: &str = "kubevirt.io/schedulable";
 
@@ -47,7 +47,7 @@ pub(super) async fn register_nodes(context: &Context) -> anyhow::Result<()> {
             "metadata": { "name": name, "labels": {
                 SCHEDULABLE_LABEL: "true",
                 "kubernetes.io/hostname": name,
-                "kubernetes.io/arch": std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+                "kubernetes.io/arch": crate::kubevirt_upstream::kubernetes_arch(),
             }},
         }))?;
         match nodes.create(&PostParams::default(), &node).await {
@@ -207,9 +207,9 @@ async fn reconcile(vmi: Arc<DynamicObject>, context: Arc<Context>) -> ReconcileR
         // The scheduler's part.
         if spec.node_name.is_none() {
             if let Some(message) = &faults.unschedulable {
-                let message = message.clone().unwrap_or_else(|| {
-                    "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod.".into()
-                });
+                let message = message
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_UNSCHEDULABLE.into());
                 pods.patch_status(
                     &name,
                     &PatchParams::default(),

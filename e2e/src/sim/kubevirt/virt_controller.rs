@@ -24,7 +24,7 @@ use super::resources::{
 const LATEST_API_VERSION_ANNOTATION: &str = "kubevirt.io/latest-observed-api-version";
 const STORAGE_API_VERSION_ANNOTATION: &str = "kubevirt.io/storage-observed-api-version";
 const GENERATION_ANNOTATION: &str = "kubevirt.io/vm-generation";
-const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
+pub(super) const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
 const ALLOW_CLAIM_ADOPTION: &str = "cdi.kubevirt.io/allowClaimAdoption";
 /// KubeVirt's `failedCreateReason`.
 const FAILED_CREATE: &str = "FailedCreate";

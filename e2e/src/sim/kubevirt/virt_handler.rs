@@ -27,7 +27,7 @@ use super::resources::{
 };
 use super::virt_controller::replace_patch;
 
-const DEFAULT_UNSCHEDULABLE: &str = "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod.";
+pub(super) const DEFAULT_UNSCHEDULABLE: &str = "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod.";
 /// Label and annotation virt-controller's evacuation controller puts on the
 /// migrations it creates for a drained node.
 pub(super) const EVACUATION_ANNOTATION: &str = "kubevirt.io/evacuationMigration";
