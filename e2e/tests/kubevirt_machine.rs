@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tenantry_api::contract::PAUSED_ANNOTATION;
 use tenantry_api::generated::capi::cluster::Cluster;
 use tenantry_api::generated::capi::machine::Machine;
 use tenantry_api::generated::cdi::data_volume::DataVolume;
@@ -155,6 +156,20 @@ impl World {
         machine_spec: Value,
         data: &str,
     ) {
+        self.create_worker_annotated(cluster, name, machine_spec, data, json!({}))
+            .await;
+    }
+
+    /// A worker whose KubevirtMachine carries `annotations` from its
+    /// creation on.
+    async fn create_worker_annotated(
+        &self,
+        cluster: &str,
+        name: &str,
+        machine_spec: Value,
+        data: &str,
+        annotations: Value,
+    ) {
         let bootstrap = format!("{name}-bootstrap");
         create(
             &self.client(),
@@ -166,13 +181,21 @@ impl World {
             }),
         )
         .await;
-        create(&self.client(), json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-            "kind": "KubevirtMachine",
-            // Labelled with its cluster at creation, as a MachineSet does.
-            "metadata": { "name": name, "namespace": NAMESPACE, "labels": { "cluster.x-k8s.io/cluster-name": cluster } },
-            "spec": machine_spec,
-        }))
+        create(
+            &self.client(),
+            json!({
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+                "kind": "KubevirtMachine",
+                // Labelled with its cluster at creation, as a MachineSet does.
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "labels": { "cluster.x-k8s.io/cluster-name": cluster },
+                    "annotations": annotations,
+                },
+                "spec": machine_spec,
+            }),
+        )
         .await;
         create(&self.client(), json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2",
@@ -766,9 +789,43 @@ async fn a_vm_that_never_becomes_ready_says_why() {
 
 #[tokio::test]
 async fn paused_cluster_gets_no_vm_until_unpaused() {
+    // Cluster API's Machine controller does not look at a Machine again when
+    // its Cluster is unpaused (v1.14 watches Clusters only for the control
+    // plane's initialization), so a Machine made while its Cluster was
+    // paused waits for CAPI's resync before it owns its infrastructure. The
+    // worker is therefore made with the object's own pause, which CAPI's
+    // Machine controller does not share: CAPI adopts it, tenantry holds it.
     let world = World::start().await;
     world.create_cluster("demo", json!({})).await;
     world.wait_cluster_provisioned("demo").await;
+    world
+        .create_worker_annotated(
+            "demo",
+            "demo-paused",
+            world.talos_machine_spec(TALOS_VERSION),
+            &talos_worker_config("demo"),
+            json!({ PAUSED_ANNOTATION: "" }),
+        )
+        .await;
+    let owned_and_paused = |m: &KubevirtMachine| {
+        m.metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|refs| refs.iter().any(|r| r.kind == "Machine"))
+            && condition(m, "Paused")
+                .is_some_and(|c| c.status == "True" && c.message.contains(PAUSED_ANNOTATION))
+    };
+    let machine = world
+        .wait_machine(
+            "demo-paused",
+            "owned by its Machine and paused",
+            owned_and_paused,
+        )
+        .await;
+    assert_eq!(condition(&machine, "Paused").unwrap().reason, "Paused");
+
+    // Pause the Cluster, then lift the object's pause: the Cluster's pause
+    // alone holds the machine now.
     world
         .api::<Cluster>()
         .patch(
@@ -779,18 +836,20 @@ async fn paused_cluster_gets_no_vm_until_unpaused() {
         .await
         .expect("pause Cluster");
     world
-        .create_worker(
-            "demo",
+        .api::<KubevirtMachine>()
+        .patch(
             "demo-paused",
-            world.talos_machine_spec(TALOS_VERSION),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { PAUSED_ANNOTATION: null } } })),
         )
-        .await;
+        .await
+        .expect("lift the KubevirtMachine's pause");
     let machine = world
-        .wait_machine("demo-paused", "reporting Paused", |m| {
-            condition(m, "Paused").is_some_and(|c| c.status == "True")
+        .wait_machine("demo-paused", "paused by its Cluster", |m| {
+            condition(m, "Paused")
+                .is_some_and(|c| c.status == "True" && c.message.contains("Cluster spec.paused"))
         })
         .await;
-    assert_eq!(condition(&machine, "Paused").unwrap().reason, "Paused");
     // Paused means no write but the Paused condition: no VM was created.
     assert!(
         world
