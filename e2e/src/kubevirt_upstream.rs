@@ -37,7 +37,7 @@ use serde_json::json;
 
 use crate::control_plane::{ControlPlane, free_port};
 use crate::manifests::{self, FIELD_MANAGER};
-use crate::process::ManagedProcess;
+use crate::process::{ManagedProcess, Supervised};
 use crate::upstream::{Binary, Upstream};
 use crate::wait;
 
@@ -61,7 +61,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// A running virt-api, its webhooks registered. Dropping it stops it; the
 /// webhook configurations stay (the control plane goes with the test).
 pub struct VirtApi {
-    process: ManagedProcess,
+    process: Supervised,
     port: u16,
 }
 
@@ -169,21 +169,26 @@ impl VirtApi {
             .write(&certs, "handler-client")?;
         let kubeconfig = control_plane.user_kubeconfig(VIRT_API_USER, &SERVICE_ACCOUNT_GROUPS)?;
         let port = free_port()?;
-        let mut command = Command::new(upstream.binary(Binary::VirtApi)?);
-        command.args(arg_list(&[
-            ("--kubeconfig", &kubeconfig),
-            ("--tls-cert-file", &cert),
-            ("--tls-key-file", &key),
-            ("--handler-cert-file", &handler_cert),
-            ("--handler-key-file", &handler_key),
-        ]));
-        command.args(["--listen=127.0.0.1".to_string(), format!("--port={port}")]);
-        // A writable working folder: virt-api makes a temporary one there.
-        command.current_dir(&dir).env("TMPDIR", &dir);
+        let binary = upstream.binary(Binary::VirtApi)?;
+        let log = dir.join("virt-api.log");
+        let command = move || {
+            let mut command = Command::new(&binary);
+            command.args(arg_list(&[
+                ("--kubeconfig", &kubeconfig),
+                ("--tls-cert-file", &cert),
+                ("--tls-key-file", &key),
+                ("--handler-cert-file", &handler_cert),
+                ("--handler-key-file", &handler_key),
+            ]));
+            command.args(["--listen=127.0.0.1".to_string(), format!("--port={port}")]);
+            // A writable working folder: virt-api makes a temporary one there.
+            command.current_dir(&dir).env("TMPDIR", &dir);
+            command
+        };
         let mut process = ManagedProcess::spawn(
             &format!("{}/virt-api", control_plane.name()),
-            command,
-            &dir.join("virt-api.log"),
+            command(),
+            &log,
         )?;
         wait_answering(
             &mut process,
@@ -194,6 +199,9 @@ impl VirtApi {
             |_| true,
         )
         .await?;
+        // It exits when CDI's DataSource CRD comes or goes; its Deployment
+        // would start it again.
+        let process = Supervised::watch(process, command);
 
         register_webhooks(control_plane, webhooks, port).await?;
         let virt_api = Self { process, port };
@@ -259,7 +267,7 @@ pub const LAUNCHER_IMAGE: &str = "quay.io/kubevirt/virt-launcher:v1.8.4";
 /// leads. It leaves and expects a restart when CDI's DataVolume CRD comes or
 /// goes: install the CRDs before starting it.
 pub struct VirtController {
-    process: ManagedProcess,
+    process: Supervised,
 }
 
 impl std::fmt::Debug for VirtController {
@@ -288,27 +296,35 @@ impl VirtController {
         let kubeconfig =
             control_plane.user_kubeconfig(VIRT_CONTROLLER_USER, &SERVICE_ACCOUNT_GROUPS)?;
         let port = free_port()?;
-        let mut command = Command::new(upstream.binary(Binary::VirtController)?);
-        command.args(arg_list(&[
-            ("--kubeconfig", &kubeconfig),
-            ("--prom-cert-file", &cert),
-            ("--prom-key-file", &key),
-        ]));
-        command.args([
-            "--listen=127.0.0.1".to_string(),
-            format!("--port={port}"),
-            format!("--launcher-image={LAUNCHER_IMAGE}"),
-            // It is the only replica, and it exits when a renewal misses the
-            // deadline (10 s by default): a loaded test machine must not
-            // end it. A restart takes the Lease back at once (same identity).
-            "--leader-elect-lease-duration=120s".to_string(),
-            "--leader-elect-renew-deadline=90s".to_string(),
-        ]);
-        command.current_dir(&dir).env("TMPDIR", &dir);
+        let binary = upstream.binary(Binary::VirtController)?;
+        let command = move || {
+            let mut command = Command::new(&binary);
+            command.args(arg_list(&[
+                ("--kubeconfig", &kubeconfig),
+                ("--prom-cert-file", &cert),
+                ("--prom-key-file", &key),
+            ]));
+            command.args([
+                "--listen=127.0.0.1".to_string(),
+                format!("--port={port}"),
+                format!("--launcher-image={LAUNCHER_IMAGE}"),
+                // It is the only replica, and it exits when a renewal misses
+                // the deadline (10 s by default): a loaded test machine must
+                // not end it. A restart takes the Lease back at once (same
+                // identity).
+                "--leader-elect-lease-duration=120s".to_string(),
+                "--leader-elect-renew-deadline=90s".to_string(),
+            ]);
+            command.current_dir(&dir).env("TMPDIR", &dir);
+            command
+        };
+        let log = control_plane
+            .dir()
+            .join("virt-controller/virt-controller.log");
         let mut process = ManagedProcess::spawn(
             &format!("{}/virt-controller", control_plane.name()),
-            command,
-            &dir.join("virt-controller.log"),
+            command(),
+            &log,
         )?;
         // `/leader` answers 200 from the start; its body says
         // `"leader":"true"` once this process leads and its caches synced.
@@ -324,7 +340,9 @@ impl VirtController {
             },
         )
         .await?;
-        Ok(Self { process })
+        Ok(Self {
+            process: Supervised::watch(process, command),
+        })
     }
 
     /// The last lines of virt-controller's log.
@@ -332,10 +350,10 @@ impl VirtController {
         self.process.log_tail(lines)
     }
 
-    /// Whether it still runs (it exits when it loses the Lease or when CDI's
-    /// CRDs change).
-    pub fn running(&mut self) -> bool {
-        self.process.exit_status().is_none()
+    /// How often it exited and was started again (it exits when it loses
+    /// the Lease or when CDI's CRDs change, and its Deployment restarts it).
+    pub fn restarts(&self) -> u32 {
+        self.process.restarts()
     }
 }
 

@@ -220,3 +220,153 @@ pub fn children_of(parent: u32) -> Vec<u32> {
     }
     children
 }
+
+/// A child process that is started again whenever it exits, as a
+/// Deployment's pod restarts: for upstream programs that leave on purpose
+/// and expect a restart (KubeVirt's virt-controller when it loses its Lease
+/// or when CDI's CRDs change). Each restart is noted in its log. Dropping it
+/// stops the process for good.
+pub struct Supervised {
+    state: std::sync::Arc<Mutex<SupervisedState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct SupervisedState {
+    process: ManagedProcess,
+    restarts: u32,
+    stopped: bool,
+}
+
+impl std::fmt::Debug for Supervised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state.lock().expect("supervised state");
+        f.debug_struct("Supervised")
+            .field("name", &state.process.name)
+            .field("pid", &state.process.pid())
+            .field("restarts", &state.restarts)
+            .finish()
+    }
+}
+
+impl Supervised {
+    /// How long it waits before starting an exited process again (a pod's
+    /// first restart back-off is 10 s; the harness need not wait that long).
+    const RESTART_DELAY: Duration = Duration::from_secs(1);
+
+    /// Takes over `process`, already started from `command()`, and starts
+    /// `command()` again whenever it exits. Needs a Tokio runtime.
+    pub fn watch(process: ManagedProcess, command: impl Fn() -> Command + Send + 'static) -> Self {
+        let state = std::sync::Arc::new(Mutex::new(SupervisedState {
+            process,
+            restarts: 0,
+            stopped: false,
+        }));
+        let watched = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let exited = {
+                    let mut state = watched.lock().expect("supervised state");
+                    if state.stopped {
+                        return;
+                    }
+                    state.process.exit_status()
+                };
+                let Some(status) = exited else { continue };
+                tokio::time::sleep(Self::RESTART_DELAY).await;
+                let mut state = watched.lock().expect("supervised state");
+                if state.stopped {
+                    return;
+                }
+                let (name, log_path) = (state.process.name.clone(), state.process.log_path.clone());
+                note_in_log(
+                    &log_path,
+                    &format!("harness: {name} exited ({status}); starting it again"),
+                );
+                match ManagedProcess::spawn(&name, command(), &log_path) {
+                    Ok(process) => {
+                        state.process = process;
+                        state.restarts += 1;
+                    }
+                    Err(error) => {
+                        note_in_log(
+                            &log_path,
+                            &format!("harness: cannot start {name} again: {error:#}"),
+                        );
+                    }
+                }
+            }
+        });
+        Self { state, task }
+    }
+
+    /// How often it was started again.
+    pub fn restarts(&self) -> u32 {
+        self.state.lock().expect("supervised state").restarts
+    }
+
+    /// The last `lines` lines of its log (all runs).
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.state
+            .lock()
+            .expect("supervised state")
+            .process
+            .log_tail(lines)
+    }
+
+    /// The current run's process id.
+    pub fn pid(&self) -> u32 {
+        self.state.lock().expect("supervised state").process.pid()
+    }
+
+    /// Kills the current run (SIGKILL), as a crash would: it is started again.
+    pub fn kill(&self) {
+        self.state.lock().expect("supervised state").process.kill();
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.task.abort();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.stopped = true;
+        state.process.kill();
+    }
+}
+
+fn note_in_log(path: &Path, line: &str) {
+    use std::io::Write as _;
+    if let Ok(mut log) = File::options().append(true).open(path) {
+        let _ = writeln!(log, "{line}");
+    }
+}
+
+#[cfg(test)]
+mod supervised_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_exited_process_is_started_again_and_stays_stopped_once_dropped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("short.log");
+        let command = || {
+            let mut command = Command::new("sh");
+            command.args(["-c", "echo run"]);
+            command
+        };
+        let first = ManagedProcess::spawn("short", command(), &log).expect("spawn");
+        let supervised = Supervised::watch(first, command);
+        crate::wait::until("two restarts", Duration::from_secs(60), || {
+            let restarts = supervised.restarts();
+            async move { Ok((restarts >= 2).then_some(())) }
+        })
+        .await
+        .expect("restarted");
+        let pid = supervised.pid();
+        drop(supervised);
+        assert!(!is_alive(pid), "the last run is stopped");
+        let text = std::fs::read_to_string(&log).expect("log");
+        assert!(text.matches("run\n").count() >= 3, "{text}");
+        assert!(text.contains("harness: short exited"), "{text}");
+    }
+}

@@ -270,9 +270,28 @@ async fn cabpt_renders_what_talos_accepts_and_names_what_it_refuses() {
             .is_none(),
         "no bootstrap data for a config Talos refuses"
     );
-    let bootstrap_ready = condition(&machine.data, "/status/conditions", "BootstrapConfigReady");
-    assert!(
-        bootstrap_ready.is_none_or(|c| c["status"] != "True"),
-        "{bootstrap_ready:?}"
+    // The Machine itself names Talos's reason, as `kubectl describe` shows
+    // it (Cluster API mirrors the TalosConfig's condition).
+    let bootstrap_ready = wait::until("the Machine to name Talos's reason", DEADLINE, || {
+        let machines = machines.clone();
+        async move {
+            let machine = machines.get("bad").await?;
+            Ok(
+                condition(&machine.data, "/status/conditions", "BootstrapConfigReady")
+                    .filter(|c| {
+                        c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("certSANz"))
+                    })
+                    .cloned(),
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    assert_eq!(bootstrap_ready["status"], "False", "{bootstrap_ready}");
+    assert_eq!(
+        bootstrap_ready["reason"], "DataSecretGenerationFailed",
+        "{bootstrap_ready}"
     );
 }
