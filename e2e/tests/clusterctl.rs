@@ -446,9 +446,10 @@ async fn clusterctl_describe_shows_the_conditions_tenantry_reports() {
     let capi = ClusterApiManager::start(&control_plane)
         .await
         .expect("start Cluster API manager");
-    let _sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
-        .await
-        .expect("start KubeVirt simulator");
+    let _kubevirt =
+        KubevirtSimulator::start_with_kubevirt(&control_plane, KubevirtSimConfig::fast())
+            .await
+            .expect("start KubeVirt");
     let _tenantry = TenantryManager::start(client.clone());
     let clusterctl = Clusterctl::with_local_repository().expect("local repository");
 

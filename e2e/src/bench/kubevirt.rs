@@ -182,6 +182,7 @@ async fn start(config: &BenchConfig, provider: Provider, with_capi: bool) -> any
         with_capi,
         &format!("bench-kubevirt-{}", provider.name()),
         Vec::new(),
+        Kubevirt::Simulated,
         sim_config(),
     )
     .await?;
@@ -199,15 +200,27 @@ async fn start(config: &BenchConfig, provider: Provider, with_capi: bool) -> any
     Ok(world.with_provider(running))
 }
 
+/// What plays KubeVirt in a world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kubevirt {
+    /// The simulator alone: it answers at the pace its config sets, so a
+    /// benchmark measures the provider, not KubeVirt.
+    Simulated,
+    /// KubeVirt's own virt-api and virt-controller, the simulator for the
+    /// rest ([`KubevirtSimulator::start_with_kubevirt`]).
+    Real,
+}
+
 /// Everything of a run but the provider: a fresh control plane named
-/// `name`, the Cluster API CRDs (or manager), `provider`'s CRDs and the
-/// KubeVirt simulator with `sim`.
+/// `name`, the Cluster API CRDs (or manager), `provider`'s CRDs and KubeVirt
+/// as `kubevirt` says, the simulator with `sim`.
 pub(crate) async fn stage(
     config: &BenchConfig,
     provider: Provider,
     with_capi: bool,
     name: &str,
     extra_apiserver_args: Vec<String>,
+    kubevirt: Kubevirt,
     sim: KubevirtSimConfig,
 ) -> anyhow::Result<World<()>> {
     let control_plane = ControlPlane::start_with(ControlPlaneOptions {
@@ -238,9 +251,14 @@ pub(crate) async fn stage(
     )
     .await
     .with_context(|| format!("install {}'s CRDs", provider.name()))?;
-    let sim = KubevirtSimulator::start(tally.client(kube_config)?, sim)
-        .await
-        .context("start the KubeVirt simulator")?;
+    let sim = match kubevirt {
+        Kubevirt::Simulated => KubevirtSimulator::start(tally.client(kube_config)?, sim)
+            .await
+            .context("start the KubeVirt simulator")?,
+        Kubevirt::Real => KubevirtSimulator::start_with_kubevirt(&control_plane, sim)
+            .await
+            .context("start KubeVirt")?,
+    };
     Ok(World {
         provider: (),
         sim,

@@ -1,8 +1,9 @@
 //! The local sandbox: a real control plane with the Cluster API core
-//! manager, tenantry, the KubeVirt/CDI simulator, Kamaji, etcd-operator and
-//! CABPT (simulated) and a demo tenant cluster — a `Kubernetes` object and a
-//! `KubernetesNodes` pool whose Talos workers join it —
-//! running until Ctrl-C or SIGTERM. `hack/sandbox.sh` builds what is
+//! manager, tenantry, CABPT, KubeVirt's own virt-api and virt-controller
+//! (the KubeVirt simulator plays the kubelet, virt-handler, the guests and
+//! CDI), Kamaji and etcd-operator (simulated) and a demo tenant cluster — a
+//! `Kubernetes` object and a `KubernetesNodes` pool whose Talos workers join
+//! it — running until Ctrl-C or SIGTERM. `hack/sandbox.sh` builds what is
 //! missing and runs this.
 
 use std::collections::BTreeMap;
@@ -21,12 +22,13 @@ use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
 use tenantry_e2e::sim::tenant::{
-    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator,
-    TalosBootstrapSimulator, TenantClusters, TenantControlPlaneOptions,
+    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator, TenantClusters,
+    TenantControlPlaneOptions,
 };
 use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{
-    ClusterApiManager, ControlPlane, ControlPlaneOptions, Upstream, upstream::Binary,
+    ClusterApiManager, ControlPlane, ControlPlaneOptions, Upstream, UpstreamManager,
+    upstream::Binary,
 };
 use tenantry_provider::runtime::ManagerConfig;
 use tokio::signal::unix::{SignalKind, signal};
@@ -64,7 +66,7 @@ struct Args {
 /// order is stop order.
 struct Demo {
     nodes: NodeSimulator,
-    cabpt: TalosBootstrapSimulator,
+    cabpt: UpstreamManager,
     /// In-process, unless deployed (then its pod runs in the cluster).
     _tenantry: Option<TenantryManager>,
     _clusterctl: Option<Clusterctl>,
@@ -187,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
     println!("stopping");
     if let Some(demo) = demo {
         demo.nodes.stop().await;
-        demo.cabpt.stop().await;
+        demo.cabpt.stop();
         demo.etcd.stop().await;
         demo.kamaji.stop().await;
     }
@@ -222,9 +224,17 @@ async fn start_demo_world(
             .await
             .context("install tenantry's CRDs")?;
     }
-    let kubevirt = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::default())
-        .await
-        .context("start the KubeVirt simulator")?;
+    let kubevirt = match management {
+        None => KubevirtSimulator::start_with_kubevirt(control_plane, KubevirtSimConfig::default())
+            .await
+            .context("start KubeVirt (virt-api, virt-controller and the simulator)")?,
+        // A management cluster's kube-scheduler and pod runner would take
+        // virt-controller's launcher pods from the simulated kubelet, so its
+        // sandbox keeps the simulator's own VM controller.
+        Some(_) => KubevirtSimulator::start(client.clone(), KubevirtSimConfig::default())
+            .await
+            .context("start the KubeVirt simulator")?,
+    };
     let factory = ImageFactory::start(ImageFactoryConfig {
         // The demo's schematic, and the one a `Kubernetes` object that names
         // none gets.
@@ -253,9 +263,9 @@ async fn start_demo_world(
     let etcd = EtcdSimulator::start(client.clone())
         .await
         .context("start the etcd simulator")?;
-    let cabpt = TalosBootstrapSimulator::start(client.clone())
+    let cabpt = UpstreamManager::start_cabpt(control_plane)
         .await
-        .context("start the CABPT simulator")?;
+        .context("start CABPT")?;
     let nodes = NodeSimulator::start(
         tenants,
         NodeSimConfig {
@@ -293,7 +303,14 @@ async fn start_demo_world(
             (None, Some(clusterctl))
         }
     };
-    println!("tenantry, KubeVirt/CDI, Kamaji, etcd, CABPT and kubelet simulators running");
+    println!(
+        "tenantry, CABPT, KubeVirt ({}), CDI, Kamaji, etcd and kubelet simulators running",
+        if management.is_none() {
+            "virt-api and virt-controller; simulated kubelet and virt-handler"
+        } else {
+            "simulated"
+        }
+    );
     Ok(Demo {
         nodes,
         cabpt,

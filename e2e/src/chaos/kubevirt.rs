@@ -1,7 +1,8 @@
-//! The KubeVirt world of the chaos scenarios: the benchmark's, with
-//! tenantry as [`Replicas`] and machines that also get a blank DataVolume
-//! (so that a machine has a disk to leave behind), counted through the
-//! objects KubeVirt and CDI keep.
+//! The KubeVirt world of the chaos scenarios: the benchmark's, but with
+//! KubeVirt's own virt-api and virt-controller in the loop (the simulator
+//! plays the kubelet, virt-handler and CDI), tenantry as [`Replicas`], and
+//! machines that also get a blank DataVolume (so that a machine has a disk
+//! to leave behind), counted through the objects KubeVirt and CDI keep.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::TryStreamExt as _;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
@@ -25,6 +26,8 @@ use crate::bench::{BenchConfig, NAMESPACE, Provider, resource};
 use crate::control_plane::ControlPlane;
 use crate::sim::kubevirt::KubevirtSimConfig;
 
+/// The label virt-controller puts on the launcher pods it makes.
+const LAUNCHER_LABEL: &str = "kubevirt.io=virt-launcher";
 /// The Cluster API version the machines' owners are written in.
 const CAPI_VERSION: &str = "v1beta2";
 /// How long deleted objects get to go before they count as left behind:
@@ -165,6 +168,7 @@ impl KubevirtLab {
             false,
             name,
             apiserver_args,
+            world::Kubevirt::Real,
             sim_config(),
         )
         .await?;
@@ -377,6 +381,7 @@ impl Lab for KubevirtLab {
             volumes: Vec<String>,
             claims: Vec<String>,
             secrets: Vec<String>,
+            launchers: Vec<String>,
         }
         let settling = Instant::now();
         let left = lab::settle(GRACE, || async {
@@ -406,13 +411,21 @@ impl Lab for KubevirtLab {
                 .map(|c| describe_claim(&c))
                 .collect(),
                 secrets: self.userdata_secrets().await?,
+                launchers: Api::<Pod>::namespaced(self.world.client.clone(), NAMESPACE)
+                    .list(&ListParams::default().labels(LAUNCHER_LABEL))
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(|p| p.metadata.name.unwrap_or_default())
+                    .collect(),
             };
             let clean = left.machines.is_empty()
                 && left.vms.is_empty()
                 && left.instances.is_empty()
                 && left.volumes.is_empty()
                 && left.claims.is_empty()
-                && left.secrets.is_empty();
+                && left.secrets.is_empty()
+                && left.launchers.is_empty();
             Ok((left, clean))
         })
         .await?;
@@ -443,17 +456,28 @@ impl Lab for KubevirtLab {
         outcome.zero("userdata Secrets left", left.secrets.len(), || {
             some_of(&left.secrets, 5)
         });
+        outcome.zero("virt-launcher Pods left", left.launchers.len(), || {
+            some_of(&left.launchers, 5)
+        });
         Ok(())
     }
 
     fn log_paths(&self) -> Vec<std::path::PathBuf> {
         let mut paths = self.world.provider.log_paths();
-        paths.push(self.world.control_plane.dir().join("kube-apiserver.log"));
+        let dir = self.world.control_plane.dir();
+        paths.push(dir.join("kube-apiserver.log"));
+        paths.push(dir.join("virt-controller/virt-controller.log"));
+        paths.push(dir.join("virt-api/virt-api.log"));
         paths
     }
 
     fn log_tails(&self) -> String {
-        self.world.provider.log_tails(30)
+        let mut tails = self.world.provider.log_tails(30);
+        if let Some(controller) = self.world.sim.virt_controller_log(20) {
+            tails.push_str("\n---- virt-controller ----\n");
+            tails.push_str(&controller);
+        }
+        tails
     }
 }
 

@@ -376,6 +376,25 @@ fn pod_status(
             })
         })
         .collect();
+    // Init containers ran to completion; sidecars (restartPolicy Always,
+    // virt-launcher's `guest-console-log`) run beside the containers.
+    let init_containers: Vec<Value> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| {
+            let sidecar = c.restart_policy.as_deref() == Some("Always");
+            let state = if sidecar {
+                json!({ "running": { "startedAt": started } })
+            } else {
+                json!({ "terminated": { "exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": started } })
+            };
+            json!({
+                "name": c.name, "image": c.image, "imageID": "", "ready": sidecar,
+                "restartCount": 0, "started": sidecar, "state": state,
+            })
+        })
+        .collect();
     let ready = if domain_up { "True" } else { "False" };
     let mut ready_condition = json!({ "type": "Ready", "status": ready });
     if !domain_up {
@@ -392,6 +411,7 @@ fn pod_status(
             { "type": "ContainersReady", "status": ready },
             ready_condition,
         ],
+        "initContainerStatuses": init_containers,
         "containerStatuses": containers,
     })
 }
