@@ -36,8 +36,8 @@ use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
 use tenantry_e2e::sim::tenant::{
-    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator,
-    TalosBootstrapSimulator, TenantCluster, TenantClusters, TenantControlPlaneOptions,
+    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator, TenantCluster,
+    TenantClusters, TenantControlPlaneOptions,
 };
 use tenantry_e2e::{UpstreamManager, wait};
 use tenantry_provider::components;
@@ -832,14 +832,15 @@ async fn the_operator_installs_and_upgrades_a_manager_whose_tenant_pools_join() 
     let Substrate::Kubevirt { factory, .. } = &world.substrate else {
         unreachable!("KubeVirt world");
     };
-    // The platform's other parts, simulated: etcd-operator, CABPT.
+    // The platform's other parts: etcd-operator (simulated) and CABPT (real,
+    // beside the cluster like the IPAM provider).
     let client = world.client();
     let _etcd = EtcdSimulator::start(client.clone())
         .await
         .expect("etcd simulator");
-    let _cabpt = TalosBootstrapSimulator::start(client.clone())
+    let _cabpt = UpstreamManager::start_cabpt(&world.cluster.control_plane)
         .await
-        .expect("CABPT simulator");
+        .expect("CABPT");
     world.kamaji.wait_for_data_stores(true);
 
     // A tenant cluster as a platform user asks for one: its pool joins,

@@ -19,11 +19,8 @@
 //! - [`EtcdSimulator`] plays etcd-operator for `EtcdCluster` objects and
 //!   Kamaji's DataStore controller for `DataStore` objects: available and
 //!   ready once the Secrets they reference exist, unavailable on demand.
-//! - [`TalosBootstrapSimulator`] plays CABPT for `TalosConfig` objects
-//!   (`generateType: none`) owned by CAPI Machines: once the Cluster's
-//!   infrastructure is provisioned, the machine config goes into the
-//!   Machine's bootstrap data Secret and the v1beta2 bootstrap contract
-//!   status says so.
+//! - CABPT is not simulated: the real one runs
+//!   ([`crate::UpstreamManager::start_cabpt`]).
 //! - [`NodeSimulator`] plays the kubelet of every worker VM the substrate
 //!   simulators run: when a guest is up and its bootstrap data is a Talos
 //!   config naming a tenant's endpoint, a Node registers there with the
@@ -55,7 +52,6 @@
 //! )
 //! .await?;
 //! kamaji.wait_for_data_stores(true); // optional: Kamaji waits for DataStores
-//! let cabpt = TalosBootstrapSimulator::start(client.clone()).await?;
 //! let nodes = NodeSimulator::start(tenants, NodeSimConfig::default());
 //! # Ok(()) }
 //! ```
@@ -63,7 +59,6 @@
 mod control_plane;
 mod etcd;
 mod kubelet;
-mod talos_bootstrap;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -80,10 +75,6 @@ pub use etcd::{
 pub use kubelet::{
     BOOTSTRAP_TOKEN_SECRET_TYPE, NODE_BOOTSTRAP_GROUP, NodeFault, NodeSimConfig, NodeSimulator,
     SimulatedNode, TalosJoin, check_bootstrap_token, check_cluster_ca,
-};
-pub use talos_bootstrap::{
-    TALOS_CONFIG_KIND, TalosBootstrapSimulator, crd_paths as cabpt_crd_paths,
-    install_crds as install_cabpt_crds,
 };
 
 /// A running tenant control plane, as kubelets and tests reach it.
