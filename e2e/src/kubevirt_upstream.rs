@@ -214,6 +214,31 @@ impl VirtApi {
         self.port
     }
 
+    /// The KubeVirt release virt-api reports (`gitVersion` of its
+    /// `/apis/subresources.kubevirt.io/v1/version`, which it serves to
+    /// everyone), as built by `hack/upstream/build.sh`.
+    pub async fn version(&self, ca_pem: &str) -> anyhow::Result<String> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
+            .build()?;
+        let info: serde_json::Value = http
+            .get(format!(
+                "https://localhost:{}/apis/subresources.kubevirt.io/v1/version",
+                self.port
+            ))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        info["gitVersion"]
+            .as_str()
+            .map(str::to_string)
+            .context("virt-api's version has no gitVersion")
+    }
+
     /// The last lines of virt-api's log.
     pub fn log_tail(&self, lines: usize) -> String {
         self.process.log_tail(lines)
