@@ -8,7 +8,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use kube::api::{Api, Patch, PatchParams};
-use tenantry_provider::runtime::ManagerConfig;
+use tenantry_provider::reconciler::ManagerConfig;
 use tenantry_provider::webhook::WebhookConfig;
 use tenantry_provider::webhook::configuration::{
     MUTATING_CONFIGURATION_NAME, VALIDATING_CONFIGURATION_NAME, mutating_configuration,

@@ -36,7 +36,7 @@ use tenantry_e2e::sim::tenant::{
 };
 use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{UpstreamManager, wait};
-use tenantry_provider::runtime::ManagerConfig;
+use tenantry_provider::reconciler::ManagerConfig;
 
 /// Generous upper bound for a step; never the thing measured.
 const DEADLINE: Duration = Duration::from_secs(300);

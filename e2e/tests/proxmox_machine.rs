@@ -32,7 +32,7 @@ use tenantry_e2e::sim::proxmox::{
 use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
 use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
 use tenantry_provider::proxmox::client::ProxmoxError;
-use tenantry_provider::runtime::ManagerConfig;
+use tenantry_provider::reconciler::ManagerConfig;
 
 const DEADLINE: Duration = Duration::from_secs(180);
 const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";

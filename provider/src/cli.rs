@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::leader::LeaderElectionConfig;
-use crate::runtime::ManagerConfig;
+use crate::reconciler::ManagerConfig;
 use crate::telemetry::{self, LogFormat};
 use crate::webhook::WebhookConfig;
 use anyhow::Context;
@@ -80,7 +80,7 @@ struct RunArgs {
     #[arg(long, default_value = "super-admin.svc")]
     tenant_kubeconfig_key: String,
     /// How many objects each controller reconciles at once (0: no limit).
-    #[arg(long, default_value_t = crate::runtime::DEFAULT_MAX_CONCURRENT_RECONCILES, env = "TENANTRY_MAX_CONCURRENT_RECONCILES")]
+    #[arg(long, default_value_t = crate::reconciler::DEFAULT_MAX_CONCURRENT_RECONCILES, env = "TENANTRY_MAX_CONCURRENT_RECONCILES")]
     max_concurrent_reconciles: u16,
     /// The Talos image factory of `Kubernetes` objects that name none
     /// (their talos.imageFactoryURL is set to it at creation): a
@@ -150,14 +150,14 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let mut kube_config = kube::Config::infer()
         .await
         .context("find the cluster's address and credentials")?;
-    kube_config.read_timeout = Some(crate::runtime::CLIENT_READ_TIMEOUT);
+    kube_config.read_timeout = Some(crate::reconciler::CLIENT_READ_TIMEOUT);
     // Count the read timeout from the request, not from when its pooled
     // connection went idle.
     kube_config.reset_reader_on_write = true;
     let client = kube::client::ClientBuilder::try_from(kube_config)
         .context("connect to the cluster")?
         .with_layer(&tower::timeout::TimeoutLayer::new(
-            crate::runtime::RESPONSE_TIMEOUT,
+            crate::reconciler::RESPONSE_TIMEOUT,
         ))
         .build();
     let version = client

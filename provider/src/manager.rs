@@ -3,7 +3,7 @@
 //! this replica leads.
 
 use crate::leader::{self, LeaderElectionConfig};
-use crate::runtime::{Context, ManagerConfig};
+use crate::reconciler::{Context, ManagerConfig};
 
 /// Runs every controller and the admission webhooks until shutdown, without
 /// leader election (one replica).

@@ -30,7 +30,7 @@ use tenantry_e2e::{
     ClusterApiManager, ControlPlane, ControlPlaneOptions, Upstream, UpstreamManager,
     upstream::Binary,
 };
-use tenantry_provider::runtime::ManagerConfig;
+use tenantry_provider::reconciler::ManagerConfig;
 use tokio::signal::unix::{SignalKind, signal};
 
 const KUBERNETES_VERSION: &str = "v1.35";

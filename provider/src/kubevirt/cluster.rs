@@ -38,7 +38,7 @@ use crate::capi::{Cluster, owner, pause};
 use crate::kubevirt::infra::{InfraClients, InfraClusterError};
 use crate::kubevirt::render::ROLE_LABEL;
 use crate::kubevirt::ssh::{self, KeyError, SshKeyPair};
-use crate::runtime::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
 
 /// Condition: the control-plane Service has an address (CAPK's name).
 pub const LOAD_BALANCER_AVAILABLE: &str = "LoadBalancerAvailable";
@@ -78,7 +78,7 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
             _ => None,
         }
     }
@@ -104,9 +104,9 @@ pub async fn run(base: Arc<Context>) {
         base,
         infra: InfraClients::default(),
     });
-    let service_config = crate::runtime::watch_config().labels(KUBEVIRT_CLUSTER_LABEL);
+    let service_config = crate::reconciler::watch_config().labels(KUBEVIRT_CLUSTER_LABEL);
     let controller = Controller::new(clusters, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff())
+        .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
     ctx.base.track_cache(controller.store());
     controller
@@ -133,7 +133,7 @@ pub async fn run(base: Arc<Context>) {
 }
 
 fn error_policy(object: Arc<KubevirtCluster>, error: &Error, ctx: Arc<ClusterContext>) -> Action {
-    runtime::error_policy(object, error, ctx.base.clone())
+    reconciler::error_policy(object, error, ctx.base.clone())
 }
 
 async fn reconcile(
@@ -148,7 +148,7 @@ async fn reconcile(
             .instrument(span)
             .await;
     }
-    runtime::reconcile_with_finalizer(
+    reconciler::reconcile_with_finalizer(
         &ctx.base,
         object,
         KUBEVIRT_CLUSTER_FINALIZER,
@@ -592,7 +592,7 @@ async fn report(
             provisioned: Some(provisioned),
         });
     }
-    runtime::apply_status(api, object, current.as_ref(), &status).await?;
+    reconciler::apply_status(api, object, current.as_ref(), &status).await?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use kube::runtime::controller::{Action, Controller};
 use tenantry_api::contract::{MachineTemplateStatus, NodeInfo};
 use tenantry_api::kubevirt::KubevirtMachineTemplate;
 
-use crate::runtime::{self, Context, ReconcileError};
+use crate::reconciler::{self, Context, ReconcileError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -74,7 +74,7 @@ pub fn template_status(template: &KubevirtMachineTemplate) -> MachineTemplateSta
 pub async fn run(ctx: Arc<Context>) {
     let api: Api<KubevirtMachineTemplate> = ctx.config.api(&ctx.client);
     let controller = Controller::new(api, ctx.config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff())
+        .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(ctx.config.controller_config());
     ctx.track_cache(controller.store());
     controller
@@ -95,9 +95,9 @@ async fn reconcile(
     let namespace = template.metadata.namespace.clone().unwrap_or_default();
     let api: Api<KubevirtMachineTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
     let desired = template_status(&template);
-    runtime::apply_status(&api, template.as_ref(), template.status.as_ref(), &desired).await?;
+    reconciler::apply_status(&api, template.as_ref(), template.status.as_ref(), &desired).await?;
     ctx.backoff()
-        .succeeded(&runtime::object_key(template.as_ref()));
+        .succeeded(&reconciler::object_key(template.as_ref()));
     Ok(Action::requeue(Duration::from_secs(3600)))
 }
 
@@ -106,7 +106,7 @@ fn error_policy(
     error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    runtime::error_policy(template, error, ctx)
+    reconciler::error_policy(template, error, ctx)
 }
 
 #[cfg(test)]

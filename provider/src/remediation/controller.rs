@@ -20,7 +20,7 @@ use super::reconcile::{self, Error};
 use crate::capi::{Cluster, Machine};
 use crate::kubevirt::infra::InfraClients;
 use crate::proxmox::credentials::ClientCache;
-use crate::runtime::{self, Context};
+use crate::reconciler::{self, Context};
 
 /// Where the VMs of a remediation kind run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         pve: ClientCache::default(),
     });
     let controller = Controller::new(remediations, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff())
+        .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
     ctx.base.track_cache(store.clone());
@@ -154,7 +154,7 @@ async fn reconcile_remediation<K: RemediationObject>(
     ctx: Arc<RemediationContext>,
 ) -> Result<Action, Error> {
     use tracing::Instrument;
-    let key = runtime::object_key(remediation.as_ref());
+    let key = reconciler::object_key(remediation.as_ref());
     let span = tracing::info_span!(
         "reconcile",
         kind = %K::kind(&()),
@@ -175,5 +175,5 @@ fn error_policy<K: RemediationObject>(
     error: &Error,
     ctx: Arc<RemediationContext>,
 ) -> Action {
-    runtime::error_policy(remediation, error, ctx.base.clone())
+    reconciler::error_policy(remediation, error, ctx.base.clone())
 }

@@ -18,7 +18,7 @@ use super::controller::{RemediationContext, RemediationObject, Substrate};
 use super::decide::{self, HEALTH_CHECK_SUCCEEDED, MachineState, Next, Observed, event, reason};
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::{Machine, owner, pause};
-use crate::runtime::{FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{FIELD_MANAGER, ReconcileError};
 
 /// How long to wait before retrying what a human has to fix.
 const HUMAN_RETRY: Duration = Duration::from_secs(60);

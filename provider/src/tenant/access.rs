@@ -10,7 +10,7 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tenantry_api::tenant::admin_kubeconfig_secret_name;
 
-use crate::runtime::ManagerConfig;
+use crate::reconciler::ManagerConfig;
 
 /// The admin kubeconfig key used when the manager is not told otherwise.
 pub const DEFAULT_TENANT_KUBECONFIG_KEY: &str = "super-admin.svc";

@@ -16,7 +16,7 @@ use tenantry_api::tenant::{KUBERNETES_FINALIZER, Kubernetes};
 
 use super::reconcile::{self, Error};
 use super::render;
-use crate::runtime::{self, Context};
+use crate::reconciler::{self, Context};
 
 /// Runs the controller until shutdown.
 pub async fn run(base: Arc<Context>) {
@@ -24,7 +24,7 @@ pub async fn run(base: Arc<Context>) {
     let config = base.config.clone();
     let objects: Api<Kubernetes> = config.api(&client);
     let controller = Controller::new(objects, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff())
+        .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
     base.track_cache(store.clone());
@@ -58,7 +58,7 @@ pub async fn run(base: Arc<Context>) {
         controller = controller.watches_with(
             kcps,
             reconcile::kamaji_control_plane_resource(),
-            crate::runtime::watch_config().labels(render::KUBERNETES_LABEL),
+            crate::reconciler::watch_config().labels(render::KUBERNETES_LABEL),
             move |kcp| by_label(&kcp.metadata),
         );
     } else {
@@ -72,7 +72,7 @@ pub async fn run(base: Arc<Context>) {
         controller = controller.watches_with(
             etcds,
             reconcile::etcd_cluster_resource(),
-            crate::runtime::watch_config(),
+            crate::reconciler::watch_config(),
             move |etcd| in_namespace(etcd.metadata.namespace.clone()),
         );
     } else {
@@ -92,7 +92,7 @@ pub async fn run(base: Arc<Context>) {
 }
 
 async fn reconcile_kubernetes(object: Arc<Kubernetes>, ctx: Arc<Context>) -> Result<Action, Error> {
-    runtime::reconcile_with_finalizer(&ctx, object, KUBERNETES_FINALIZER, |event| async {
+    reconciler::reconcile_with_finalizer(&ctx, object, KUBERNETES_FINALIZER, |event| async {
         match event {
             Finalizer::Apply(object) => reconcile::apply(object, &ctx).await,
             Finalizer::Cleanup(object) => reconcile::cleanup(object, &ctx).await,
@@ -111,5 +111,5 @@ async fn crd_installed(client: &kube::Client, name: &str) -> bool {
 }
 
 fn error_policy(object: Arc<Kubernetes>, error: &Error, ctx: Arc<Context>) -> Action {
-    runtime::error_policy(object, error, ctx)
+    reconciler::error_policy(object, error, ctx)
 }

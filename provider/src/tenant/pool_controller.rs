@@ -14,7 +14,7 @@ use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::{KUBERNETES_NODES_FINALIZER, KubernetesNodes};
 
 use super::pool_reconcile::{self, Error};
-use crate::runtime::{self, Context};
+use crate::reconciler::{self, Context};
 
 /// Runs the controller until shutdown.
 pub async fn run(base: Arc<Context>) {
@@ -26,7 +26,7 @@ pub async fn run(base: Arc<Context>) {
         &pool_reconcile::machine_deployment_resource(),
     );
     let controller = Controller::new(pools, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff())
+        .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
     base.track_cache(store.clone());
@@ -34,7 +34,7 @@ pub async fn run(base: Arc<Context>) {
     // render: every pool naming it is reconciled.
     let parents: Api<Kubernetes> = config.api(&client);
     controller
-        .watches(parents, crate::runtime::watch_config(), move |parent| {
+        .watches(parents, crate::reconciler::watch_config(), move |parent| {
             let name = parent.metadata.name.clone().unwrap_or_default();
             let namespace = parent.metadata.namespace.clone();
             store
@@ -47,7 +47,7 @@ pub async fn run(base: Arc<Context>) {
         .owns_with(
             deployments,
             pool_reconcile::machine_deployment_resource(),
-            crate::runtime::watch_config().labels(super::pool::POOL_LABEL),
+            crate::reconciler::watch_config().labels(super::pool::POOL_LABEL),
         )
         .shutdown_on_signal()
         .run(reconcile, error_policy, base)
@@ -60,7 +60,7 @@ pub async fn run(base: Arc<Context>) {
 }
 
 async fn reconcile(object: Arc<KubernetesNodes>, ctx: Arc<Context>) -> Result<Action, Error> {
-    runtime::reconcile_with_finalizer(&ctx, object, KUBERNETES_NODES_FINALIZER, |event| async {
+    reconciler::reconcile_with_finalizer(&ctx, object, KUBERNETES_NODES_FINALIZER, |event| async {
         match event {
             Finalizer::Apply(pool) => pool_reconcile::apply_pool(pool, &ctx).await,
             Finalizer::Cleanup(pool) => pool_reconcile::cleanup_pool(pool, &ctx).await,
@@ -70,5 +70,5 @@ async fn reconcile(object: Arc<KubernetesNodes>, ctx: Arc<Context>) -> Result<Ac
 }
 
 fn error_policy(object: Arc<KubernetesNodes>, error: &Error, ctx: Arc<Context>) -> Action {
-    runtime::error_policy(object, error, ctx)
+    reconciler::error_policy(object, error, ctx)
 }

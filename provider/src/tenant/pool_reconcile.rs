@@ -31,7 +31,7 @@ use super::reconcile::{delete_if_present, resource, secret_value};
 use super::render;
 use super::talos::{self, WorkerTrust};
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::runtime::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
 
 /// How often a pool on its way up is looked at again.
 const POLL: Duration = Duration::from_secs(5);
@@ -74,7 +74,7 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
             _ => None,
         }
     }
@@ -503,7 +503,7 @@ async fn write_status(
     status.replicas = replicas;
     status.ready_replicas = ready_replicas;
     status.observed_generation = generation;
-    runtime::apply_status(&api, pool, current.as_ref(), &status).await?;
+    reconciler::apply_status(&api, pool, current.as_ref(), &status).await?;
     if ready && !was_ready {
         ctx.event(pool, EventType::Normal, reason::READY, summary.message)
             .await;

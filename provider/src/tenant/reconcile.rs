@@ -32,7 +32,7 @@ use super::pki;
 use super::render;
 use super::storage;
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::runtime::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
 
 /// How often a cluster on its way up is looked at again.
 const POLL: Duration = Duration::from_secs(2);
@@ -81,7 +81,7 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
             _ => None,
         }
     }
@@ -566,7 +566,7 @@ async fn write_status(
         .and_then(|s| s.conditions.as_deref())
         .and_then(|c| c.iter().find(|c| c.type_ == READY_CONDITION))
         .is_some_and(|c| c.status == "True");
-    runtime::apply_status(&api, kubernetes, current.as_ref(), &status).await?;
+    reconciler::apply_status(&api, kubernetes, current.as_ref(), &status).await?;
     if ready && !was_ready {
         ctx.event(
             kubernetes,

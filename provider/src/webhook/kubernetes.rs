@@ -7,7 +7,7 @@ use kube::core::admission::{AdmissionRequest, Operation};
 use serde_json::Value;
 use tenantry_api::tenant::Kubernetes;
 
-use crate::runtime::ManagerConfig;
+use crate::reconciler::ManagerConfig;
 use crate::tenant::admission;
 
 /// What the mutating webhook fills into a new object from the manager's

@@ -14,7 +14,7 @@ use tenantry_api::kubevirt::KubevirtMachine;
 
 use super::cache::Caches;
 use crate::kubevirt::infra::InfraCluster;
-use crate::runtime::FIELD_MANAGER;
+use crate::reconciler::FIELD_MANAGER;
 
 /// The Secret holding a machine's bootstrap data for the config drive.
 pub fn userdata_secret_name(machine_name: &str) -> String {

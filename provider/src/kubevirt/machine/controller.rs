@@ -18,7 +18,7 @@ use super::reconcile::{self, Error};
 use crate::capi::{Cluster, Machine};
 use crate::kubevirt::infra::InfraClients;
 use crate::kubevirt::render::{MACHINE_NAME_LABEL, MACHINE_NAMESPACE_LABEL};
-use crate::runtime::{self, Context};
+use crate::reconciler::{self, Context};
 
 /// What KubevirtMachine reconciles share.
 pub struct MachineContext {
@@ -47,7 +47,7 @@ pub async fn run(base: Arc<Context>) {
     let machines: Api<KubevirtMachine> = config.api(&client);
     // Only objects tenantry labelled are watched in the infrastructure
     // (management) cluster.
-    let labelled = crate::runtime::watch_config()
+    let labelled = crate::reconciler::watch_config()
         .labels(MACHINE_NAME_LABEL)
         .any_semantic();
     // Each watch feeds a store (read by reconciles, see cache.rs) and
@@ -58,29 +58,29 @@ pub async fn run(base: Arc<Context>) {
     let (owner_machines, machine_writer) = reflector::store();
     let (clusters, cluster_writer) = reflector::store();
     let (kubevirt_clusters, kubevirt_cluster_writer) = reflector::store();
-    let vm_stream = crate::runtime::cache_watch(
+    let vm_stream = crate::reconciler::cache_watch(
         config.api::<VirtualMachine>(&client),
         labelled.clone(),
         vm_writer,
     );
-    let vmi_stream = crate::runtime::cache_watch(
+    let vmi_stream = crate::reconciler::cache_watch(
         config.api::<VirtualMachineInstance>(&client),
         labelled.clone(),
         vmi_writer,
     );
     let dv_stream =
-        crate::runtime::cache_watch(config.api::<DataVolume>(&client), labelled, dv_writer);
-    let machine_stream = crate::runtime::cache_watch(
+        crate::reconciler::cache_watch(config.api::<DataVolume>(&client), labelled, dv_writer);
+    let machine_stream = crate::reconciler::cache_watch(
         config.api::<Machine>(&client),
         config.watcher_config(),
         machine_writer,
     );
-    let cluster_stream = crate::runtime::cache_watch(
+    let cluster_stream = crate::reconciler::cache_watch(
         config.api::<Cluster>(&client),
         config.watcher_config(),
         cluster_writer,
     );
-    let kubevirt_cluster_stream = crate::runtime::cache_watch(
+    let kubevirt_cluster_stream = crate::reconciler::cache_watch(
         config.api::<KubevirtCluster>(&client),
         config.watcher_config(),
         kubevirt_cluster_writer,
@@ -100,7 +100,7 @@ pub async fn run(base: Arc<Context>) {
             watched_namespace: config.namespace.clone(),
         },
     });
-    let controller = crate::runtime::slim_controller(machines, config.watcher_config());
+    let controller = crate::reconciler::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     ctx.base.track_cache(store.clone());
     controller
@@ -150,7 +150,7 @@ async fn reconcile_machine(
     machine: Arc<KubevirtMachine>,
     ctx: Arc<MachineContext>,
 ) -> Result<Action, Error> {
-    runtime::reconcile_with_finalizer(
+    reconciler::reconcile_with_finalizer(
         &ctx.base,
         machine,
         KUBEVIRT_MACHINE_FINALIZER,
@@ -165,5 +165,5 @@ async fn reconcile_machine(
 }
 
 fn error_policy(machine: Arc<KubevirtMachine>, error: &Error, ctx: Arc<MachineContext>) -> Action {
-    runtime::error_policy(machine, error, ctx.base.clone())
+    reconciler::error_policy(machine, error, ctx.base.clone())
 }

@@ -33,7 +33,7 @@ use crate::capi::{Cluster, Machine};
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::kubevirt::render::{self, MachineRole, VmPlacement};
 use crate::kubevirt::ssh::{self, SshKeyPair};
-use crate::runtime::{self, ReconcileError};
+use crate::reconciler::{self, ReconcileError};
 
 /// How often a provisioned machine is looked at without any event.
 const RESYNC: Duration = Duration::from_secs(300);
@@ -78,7 +78,7 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
             _ => None,
         }
     }
@@ -889,7 +889,7 @@ async fn report(
         Some((reason, message)) => (Some(reason), Some(message)),
         None => (None, None),
     };
-    runtime::apply_status(api, machine, current.as_ref(), &status).await?;
+    reconciler::apply_status(api, machine, current.as_ref(), &status).await?;
     Ok(())
 }
 
@@ -936,6 +936,6 @@ async fn report_paused(
         &Timestamp::now(),
     );
     status.conditions = Some(list);
-    runtime::apply_status(api, machine, current.as_ref(), &status).await?;
+    reconciler::apply_status(api, machine, current.as_ref(), &status).await?;
     Ok(())
 }

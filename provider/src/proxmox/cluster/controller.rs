@@ -15,7 +15,7 @@ use tenantry_api::proxmox::{PROXMOX_CLUSTER_FINALIZER, ProxmoxCluster, ProxmoxMa
 
 use super::reconcile::{self, ClusterContext, Error, owner_cluster_name};
 use crate::capi::Cluster;
-use crate::runtime::{self, Context, ManagerConfig};
+use crate::reconciler::{self, Context, ManagerConfig};
 
 /// How often a cluster is reconciled at most for changes of its machines.
 const MACHINE_TRIGGER_INTERVAL: Duration = Duration::from_secs(5);
@@ -31,7 +31,7 @@ fn machine_triggers(
         config.api::<PartialObjectMeta<ProxmoxMachine>>(client),
         config.watcher_config(),
     )
-    .backoff(runtime::watch_backoff())
+    .backoff(reconciler::watch_backoff())
     .touched_objects()
     .filter_map(|event| async move {
         event
@@ -63,7 +63,7 @@ pub async fn run(base: Arc<Context>) {
     let config = base.config.clone();
     let clusters: Api<ProxmoxCluster> = config.api(&client);
     let controller = Controller::new(clusters, config.watcher_config())
-        .trigger_backoff(crate::runtime::trigger_backoff())
+        .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
     let store = controller.store();
     base.track_cache(store.clone());
@@ -84,7 +84,7 @@ pub async fn run(base: Arc<Context>) {
         // preflight checks. Throttled: a wave of machines changes dozens of
         // times a second, and each reconcile is a full pass (pools, machine
         // list, preflight inputs) that ends with the same status.
-        .reconcile_on(runtime::throttle_triggers(
+        .reconcile_on(reconciler::throttle_triggers(
             machine_triggers(&client, &config, store),
             MACHINE_TRIGGER_INTERVAL,
         ))
@@ -102,7 +102,7 @@ async fn reconcile_cluster(
     object: Arc<ProxmoxCluster>,
     ctx: Arc<ClusterContext>,
 ) -> Result<Action, Error> {
-    runtime::reconcile_with_finalizer(
+    reconciler::reconcile_with_finalizer(
         &ctx.base,
         object,
         PROXMOX_CLUSTER_FINALIZER,
@@ -117,5 +117,5 @@ async fn reconcile_cluster(
 }
 
 fn error_policy(object: Arc<ProxmoxCluster>, error: &Error, ctx: Arc<ClusterContext>) -> Action {
-    runtime::error_policy(object, error, ctx.base.clone())
+    reconciler::error_policy(object, error, ctx.base.clone())
 }

@@ -27,7 +27,7 @@ use crate::capi::conditions::{self, DesiredCondition, Status};
 use crate::capi::{owner, pause};
 use crate::proxmox::client::{Permissions, ProxmoxClient, ProxmoxError, TaskWaitConfig};
 use crate::proxmox::credentials::ClientCache;
-use crate::runtime::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
 
 /// How often a ProxmoxCluster is looked at without any event.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -50,7 +50,7 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
             _ => None,
         }
     }
@@ -143,7 +143,7 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
             &Timestamp::now(),
         );
         status.conditions = Some(list);
-        runtime::apply_status(&api, object.as_ref(), object.status.as_ref(), &status).await?;
+        reconciler::apply_status(&api, object.as_ref(), object.status.as_ref(), &status).await?;
         return Ok(Action::await_change());
     }
 
@@ -389,7 +389,7 @@ async fn preflight(
             .unwrap_or_default(),
     );
     let requirements = decide::requirements(&object.spec, specs.iter());
-    let key = runtime::object_key(object);
+    let key = reconciler::object_key(object);
     let mut hasher = DefaultHasher::new();
     requirements.hash(&mut hasher);
     format!("{}{}", client.url(), client.token_id()).hash(&mut hasher);
@@ -647,6 +647,6 @@ async fn report(
             provisioned: Some(false),
         });
     }
-    runtime::apply_status(api, object, object.status.as_ref(), &status).await?;
+    reconciler::apply_status(api, object, object.status.as_ref(), &status).await?;
     Ok(())
 }

@@ -22,7 +22,7 @@ use crate::proxmox::client::{
     Pool, ProxmoxClient, ProxmoxError, ResourceFilter, ResourceType, TaskOutcome, TaskWaitConfig,
     Upid, VmConfig, VmStatus,
 };
-use crate::runtime::FIELD_MANAGER;
+use crate::reconciler::FIELD_MANAGER;
 
 /// Label on the IPAddressClaims of a machine, naming it.
 pub const MACHINE_LABEL: &str = "infrastructure.tenantry.dev/proxmoxmachine";

@@ -125,7 +125,7 @@ impl Caches {
 
     /// The IPAddressClaim `name` in `namespace` as far as it is known:
     /// the store's copy; else, once the store has listed, one this manager
-    /// created within [`CREATED_CLAIM_GRACE`] (with no status yet — the
+    /// created within `CREATED_CLAIM_GRACE` (with no status yet — the
     /// watch wakes the machine when the IPAM provider gives it one) or
     /// [`ClaimLookup::Absent`] (a create answers 409 if it exists after
     /// all); else read.
@@ -188,7 +188,7 @@ impl Caches {
         ) else {
             return;
         };
-        let status = crate::runtime::status_fingerprint(&machine.status);
+        let status = crate::reconciler::status_fingerprint(&machine.status);
         self.distrusted
             .lock()
             .expect("distrusted machines")
@@ -229,7 +229,7 @@ impl Caches {
             return Freshness::Unwritten;
         };
         if known.version == version
-            || known.status == crate::runtime::status_fingerprint(&machine.status)
+            || known.status == crate::reconciler::status_fingerprint(&machine.status)
         {
             return Freshness::Current;
         }

@@ -18,7 +18,7 @@ use super::reconcile::{self, Error};
 use crate::capi::stores::CapiStores;
 use crate::capi::{Cluster, Machine};
 use crate::proxmox::credentials::ClientCache;
-use crate::runtime::{self, Context, Turns};
+use crate::reconciler::{self, Context, Turns};
 
 /// What ProxmoxMachine reconciles share.
 pub struct MachineContext {
@@ -58,12 +58,12 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let machines: Api<ProxmoxMachine> = config.api(&client);
-    let controller = crate::runtime::slim_controller(machines, config.watcher_config());
+    let controller = crate::reconciler::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     base.track_cache(store.clone());
     // Each watch feeds a store (read by reconciles, see cache.rs) and
     // triggers reconciles of the machines it concerns.
-    let labelled = crate::runtime::watch_config()
+    let labelled = crate::reconciler::watch_config()
         .labels(MACHINE_LABEL)
         .any_semantic();
     let (owner_machines, machine_writer) = reflector::store();
@@ -71,31 +71,31 @@ pub async fn run(base: Arc<Context>) {
     let (proxmox_clusters, proxmox_cluster_writer) = reflector::store();
     let (claims, claim_writer) = reflector::store();
     let (addresses, address_writer) = reflector::store();
-    let machine_stream = crate::runtime::cache_watch(
+    let machine_stream = crate::reconciler::cache_watch(
         config.api::<Machine>(&client),
         config.watcher_config(),
         machine_writer,
     );
-    let cluster_stream = crate::runtime::cache_watch(
+    let cluster_stream = crate::reconciler::cache_watch(
         config.api::<Cluster>(&client),
         config.watcher_config(),
         cluster_writer,
     );
-    let proxmox_cluster_stream = crate::runtime::cache_watch(
+    let proxmox_cluster_stream = crate::reconciler::cache_watch(
         config.api::<ProxmoxCluster>(&client),
         config.watcher_config(),
         proxmox_cluster_writer,
     );
-    let claim_stream = crate::runtime::cache_watch(
+    let claim_stream = crate::reconciler::cache_watch(
         config.api::<IpAddressClaim>(&client),
         labelled,
         claim_writer,
     );
     // IPAddresses carry the IPAM provider's labels, not ours: all of the
     // watched namespace(s). Read only; their claims' changes wake machines.
-    let address_stream = crate::runtime::cache_watch(
+    let address_stream = crate::reconciler::cache_watch(
         config.api::<IpAddress>(&client),
-        crate::runtime::watch_config().any_semantic(),
+        crate::reconciler::watch_config().any_semantic(),
         address_writer,
     );
     let ctx = Arc::new(MachineContext {
@@ -185,7 +185,7 @@ async fn reconcile_in_turn(
     machine: Arc<ProxmoxMachine>,
     ctx: &MachineContext,
 ) -> Result<Action, Error> {
-    runtime::reconcile_with_finalizer(
+    reconciler::reconcile_with_finalizer(
         &ctx.base,
         machine,
         PROXMOX_MACHINE_FINALIZER,
@@ -200,5 +200,5 @@ async fn reconcile_in_turn(
 }
 
 fn error_policy(machine: Arc<ProxmoxMachine>, error: &Error, ctx: Arc<MachineContext>) -> Action {
-    runtime::error_policy(machine, error, ctx.base.clone())
+    reconciler::error_policy(machine, error, ctx.base.clone())
 }

@@ -40,7 +40,7 @@ use crate::proxmox::client::{
 };
 use crate::proxmox::nocloud::{self, NoCloudSeed, UserData};
 use crate::proxmox::scheduler::{self, PlacementRequest, SchedulerHints};
-use crate::runtime::{self, ReconcileError};
+use crate::reconciler::{self, ReconcileError};
 
 /// How often a provisioned machine is looked at without any event.
 const RESYNC: Duration = Duration::from_secs(300);
@@ -81,7 +81,7 @@ impl ReconcileError for Error {
     fn wait(&self) -> Option<Duration> {
         match self {
             Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => runtime::finalizer_wait(inner),
+            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
             _ => None,
         }
     }
@@ -287,7 +287,7 @@ impl<'a> Run<'a> {
 
     /// Writes the status built so far (with its conditions as they are).
     async fn persist(&mut self) -> Result<(), Error> {
-        if let Some(updated) = runtime::apply_status(
+        if let Some(updated) = reconciler::apply_status(
             &self.api,
             &self.machine,
             self.written.as_ref(),
@@ -307,7 +307,7 @@ impl<'a> Run<'a> {
     /// A refusal (someone wrote meanwhile, or the copy was stale) has the
     /// machine read afresh and looked at again in a moment.
     async fn persist_at_version(&mut self) -> Result<(), Halt> {
-        match runtime::apply_status_at_version(&self.api, &self.machine, &self.status).await {
+        match reconciler::apply_status_at_version(&self.api, &self.machine, &self.status).await {
             Ok(updated) => {
                 self.ctx.caches.saw_latest(&updated);
                 self.machine.metadata.resource_version = updated.metadata.resource_version;
