@@ -50,15 +50,7 @@ pub fn templates_dir() -> PathBuf {
 
 /// The Cluster API version `hack/upstream/cluster-api/go.mod` pins.
 pub fn pinned_cluster_api_version() -> anyhow::Result<String> {
-    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/upstream/cluster-api/go.mod");
-    std::fs::read_to_string(&go_mod)
-        .with_context(|| format!("read {}", go_mod.display()))?
-        .lines()
-        .map(|line| line.trim().trim_start_matches("require").trim())
-        .find_map(|line| line.strip_prefix("sigs.k8s.io/cluster-api v"))
-        .and_then(|version| version.split_whitespace().next())
-        .map(|version| format!("v{version}"))
-        .context("no sigs.k8s.io/cluster-api requirement in the wrapper go.mod")
+    crate::upstream::pinned_version("cluster-api", "sigs.k8s.io/cluster-api")
 }
 
 /// Installs cert-manager's CRDs (no controller, no webhook: see the module

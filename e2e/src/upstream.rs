@@ -101,6 +101,25 @@ impl Binary {
     }
 }
 
+/// The version of `module` that the wrapper module `hack/upstream/<wrapper>`
+/// pins in its go.mod, e.g. `pinned_version("kubevirt", "kubevirt.io/kubevirt")`
+/// is `v1.8.4`.
+pub fn pinned_version(wrapper: &str, module: &str) -> anyhow::Result<String> {
+    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../hack/upstream")
+        .join(wrapper)
+        .join("go.mod");
+    let prefix = format!("{module} v");
+    std::fs::read_to_string(&go_mod)
+        .with_context(|| format!("read {}", go_mod.display()))?
+        .lines()
+        .map(|line| line.trim().trim_start_matches("require").trim())
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|version| version.split_whitespace().next())
+        .map(|version| format!("v{version}"))
+        .with_context(|| format!("no {module} requirement in {}", go_mod.display()))
+}
+
 impl Upstream {
     /// The cache root: `$TENANTRY_CACHE/upstream`, else `~/.cache/tenantry/upstream`.
     pub fn locate() -> anyhow::Result<Self> {

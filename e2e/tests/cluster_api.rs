@@ -32,18 +32,6 @@ fn api(
     )
 }
 
-/// The Cluster API version `hack/upstream/cluster-api/go.mod` pins.
-fn pinned_cluster_api_version() -> String {
-    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/upstream/cluster-api/go.mod");
-    std::fs::read_to_string(go_mod)
-        .expect("read the cluster-api wrapper go.mod")
-        .lines()
-        .map(|line| line.trim().trim_start_matches("require").trim())
-        .find_map(|line| line.strip_prefix("sigs.k8s.io/cluster-api v"))
-        .map(|version| format!("v{}", version.split_whitespace().next().unwrap_or_default()))
-        .expect("sigs.k8s.io/cluster-api requirement")
-}
-
 fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a serde_json::Value> {
     object.data["status"]["conditions"]
         .as_array()?
@@ -203,7 +191,7 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
 
     // The manager reports the pinned release (it has no --version flag).
     let log = std::fs::read_to_string(manager.log_path()).expect("manager log");
-    let pinned = pinned_cluster_api_version();
+    let pinned = tenantry_e2e::clusterctl::pinned_cluster_api_version().expect("pinned version");
     assert!(
         log.contains(&format!("Version: {pinned}")),
         "manager log does not report {pinned}"

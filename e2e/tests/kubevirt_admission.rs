@@ -91,7 +91,11 @@ async fn a_virtual_machine_kubevirt_refuses_is_refused() {
         .await
         .expect("virt-api's version");
     println!("virt-api reports KubeVirt {version}");
-    assert_eq!(version, pinned_kubevirt_version());
+    assert_eq!(
+        version,
+        tenantry_e2e::upstream::pinned_version("kubevirt", "kubevirt.io/kubevirt")
+            .expect("pinned KubeVirt version")
+    );
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
         "virtualmachines",
@@ -621,17 +625,4 @@ fn vm_memory(vm: &VirtualMachine) -> String {
 
 fn quantity_bytes(quantity: &str) -> i128 {
     quantity_milli_value(quantity).expect("a quantity")
-}
-
-/// The KubeVirt release `hack/upstream/kubevirt/go.mod` pins.
-fn pinned_kubevirt_version() -> String {
-    let go_mod =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/upstream/kubevirt/go.mod");
-    std::fs::read_to_string(go_mod)
-        .expect("read the kubevirt wrapper go.mod")
-        .lines()
-        .map(|line| line.trim().trim_start_matches("require").trim())
-        .find_map(|line| line.strip_prefix("kubevirt.io/kubevirt v"))
-        .map(|version| format!("v{}", version.split_whitespace().next().unwrap_or_default()))
-        .expect("kubevirt.io/kubevirt requirement")
 }
