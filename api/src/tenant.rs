@@ -54,8 +54,8 @@ pub const CONTROL_PLANE_READY_CONDITION: &str = "ControlPlaneReady";
 /// Condition type: the control-plane workloads run (worker health is reported
 /// on each `KubernetesNodes` pool).
 pub const WORKLOADS_READY_CONDITION: &str = "WorkloadsReady";
-/// Condition type summarising the others.
-pub const READY_CONDITION: &str = "Ready";
+/// Condition type summarising the others (the one `Ready` of every kind).
+pub use crate::contract::READY_CONDITION;
 /// Finalizer of `Kubernetes` objects: the companion takes the cluster down
 /// in the safe order before the object goes.
 pub const KUBERNETES_FINALIZER: &str = "apps.tenantry.dev/kubernetes";

@@ -67,8 +67,8 @@ pub const KUBERNETES_NODES_FINALIZER: &str = "apps.tenantry.dev/kubernetes-nodes
 
 /// Condition type: the pool's workers are up, as many Ready as desired.
 pub const WORKERS_READY_CONDITION: &str = "WorkersReady";
-/// Condition type summarising the others.
-pub const READY_CONDITION: &str = crate::tenant::READY_CONDITION;
+/// Condition type summarising the others (the one `Ready` of every kind).
+pub use crate::contract::READY_CONDITION;
 
 /// A Kubernetes quantity (the pattern apimachinery parses).
 const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
