@@ -6,7 +6,7 @@
 //!
 //! Every rule the CRD schema and CEL can express is here, next to the field it
 //! guards; what needs parsing (apiserver flags, the Talos support matrix)
-//! lives in the admission webhook (`tenantry_provider::tenant::admission`).
+//! lives in the admission webhook (`tenantry_provider::tenant::kubernetes::admission`).
 //! Also the small pure tables the companion controller and the webhook share:
 //! the patch release each minor runs, the resource presets, the flags the
 //! control plane owns.

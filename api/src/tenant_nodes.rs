@@ -9,7 +9,7 @@
 //! guards. What needs the parent cluster (substrate, version, storage class)
 //! or arithmetic on quantities (kubelet reservations against the workers'
 //! memory) lives in the admission webhook
-//! (`tenantry_provider::tenant::nodes_admission`). Also the small pure tables
+//! (`tenantry_provider::tenant::kubernetes_nodes::admission`). Also the small pure tables
 //! the webhook and the pool controller share: the instance types of the
 //! reference text, the kubelet reservation defaults, a quantity parser.
 

@@ -27,7 +27,7 @@ use tenantry_e2e::wait;
 use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
 use tenantry_provider::capi::bootstrap::BootstrapFormat;
 use tenantry_provider::kubevirt::render::{MachineRole, VmPlacement, desired_virtual_machine};
-use tenantry_provider::tenant::pool::{PoolNames, machine_template};
+use tenantry_provider::tenant::kubernetes_nodes::render::{PoolNames, machine_template};
 
 const NAMESPACE: &str = "tenant-a";
 

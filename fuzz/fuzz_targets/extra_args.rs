@@ -1,5 +1,5 @@
 //! The `extraArgs` rules of the tenant `Kubernetes` kind:
-//! `tenantry_provider::tenant::admission::{mutate, validate}` (flag parsing,
+//! `tenantry_provider::tenant::kubernetes::admission::{mutate, validate}` (flag parsing,
 //! owned flags, feature gates, emulated versions, disabled admission
 //! plugins, the moves into `admissionControllers` and
 //! `kubelet.preferredAddressTypes`), and the webhooks serving them over
@@ -33,7 +33,7 @@ use tenantry_api::tenant::{
     KUBELET_PREFERRED_ADDRESS_TYPES_FLAG, Kubernetes, KubernetesSpec, KubernetesVersion,
     NODE_ADDRESS_TYPES, OidcMode,
 };
-use tenantry_provider::tenant::admission::{self, Verdict};
+use tenantry_provider::tenant::kubernetes::admission::{self, Verdict};
 use tenantry_provider::webhook::kubernetes as webhook;
 
 const EXTRA_ARGS: &str = "spec.controlPlane.apiServer.extraArgs";

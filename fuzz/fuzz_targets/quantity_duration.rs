@@ -3,7 +3,7 @@
 //!   quantities (CPU, memory, disk sizes of KubernetesNodes pools);
 //! - `tenantry_api::remediation::parse_duration`: Go `time.ParseDuration`
 //!   syntax, the remediation strategy's `timeout`;
-//! - `tenantry_provider::tenant::pool::duration_seconds`: whole s/m/h
+//! - `tenantry_provider::tenant::kubernetes_nodes::render::duration_seconds`: whole s/m/h
 //!   durations, the pool's MachineHealthCheck timeouts.
 //!
 //! Input: UTF-8 text; the first line is `a`, the second (if any) `b`. Each
@@ -31,7 +31,7 @@ use libfuzzer_sys::fuzz_target;
 use regex::Regex;
 use tenantry_api::remediation::parse_duration;
 use tenantry_api::tenant_nodes::quantity_milli_value;
-use tenantry_provider::tenant::pool::duration_seconds;
+use tenantry_provider::tenant::kubernetes_nodes::render::duration_seconds;
 
 /// The `pattern` of `RemediationStrategy.timeout` (api/src/remediation.rs).
 static DURATION_PATTERN: LazyLock<Regex> =

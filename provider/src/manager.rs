@@ -81,6 +81,6 @@ async fn controllers(client: &kube::Client, config: &ManagerConfig) {
         crate::remediation::run_kubevirt(context("kubevirtremediation")),
         crate::remediation::run_proxmox(context("proxmoxremediation")),
         crate::tenant::run(context("kubernetes")),
-        crate::tenant::pool_controller::run(context("kubernetesnodes")),
+        crate::tenant::kubernetes_nodes::controller::run(context("kubernetesnodes")),
     );
 }

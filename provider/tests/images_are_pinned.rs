@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tenantry_api::image_reference::{check_image_reference, images_in};
 use tenantry_api::tenant::{Kubernetes, KubernetesSpec};
 use tenantry_provider::components;
-use tenantry_provider::tenant::{proxmox_controllers, render};
+use tenantry_provider::tenant::kubernetes::{proxmox_controllers, render};
 
 /// `${VAR:=default}` is what clusterctl substitutes; the default is what
 /// runs when the variable is not set.

@@ -25,7 +25,7 @@ use tenantry_api::tenant_nodes::{
     quantity_milli_value,
 };
 
-use super::render::{POD_CIDR, SERVICE_CIDR, service_dns_names};
+use super::kubernetes::render::{POD_CIDR, SERVICE_CIDR, service_dns_names};
 
 /// Port of the tenant kube-apiserver's Service in the management cluster.
 const API_SERVER_PORT: u16 = 6443;

@@ -1,5 +1,5 @@
 //! The admission webhooks of `Kubernetes` objects: the rules of
-//! `tenant::admission` served over the AdmissionReview protocol, and the
+//! `tenant::kubernetes::admission` served over the AdmissionReview protocol, and the
 //! defaults a new object takes from the manager's configuration.
 
 use kube::core::DynamicObject;
@@ -8,7 +8,7 @@ use serde_json::Value;
 use tenantry_api::tenant::Kubernetes;
 
 use crate::reconciler::ManagerConfig;
-use crate::tenant::admission;
+use crate::tenant::kubernetes::admission;
 
 /// What the mutating webhook fills into a new object from the manager's
 /// configuration rather than from the CRD schema: a platform's own

@@ -1,5 +1,5 @@
 //! The validating webhook of `KubernetesNodes` pools: the rules of
-//! `tenant::nodes_admission`, which need the pool's parent `Kubernetes`
+//! `tenant::kubernetes_nodes::admission`, which need the pool's parent `Kubernetes`
 //! object, looked up in the pool's namespace when the request arrives.
 
 use kube::api::Api;
@@ -9,7 +9,7 @@ use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::KubernetesNodes;
 
 use super::kubernetes::Decision;
-use crate::tenant::nodes_admission;
+use crate::tenant::kubernetes_nodes::admission as nodes_admission;
 
 fn typed(object: &Option<DynamicObject>) -> Result<Option<KubernetesNodes>, String> {
     object

@@ -2,8 +2,8 @@
 //! CEL rules cannot express. Today: infrastructure and remediation templates
 //! (KubeVirt and Proxmox) are immutable except for the dry-run requests of CAPI's
 //! topology controller; `Kubernetes` objects are defaulted (mutating) and
-//! validated against the rules of `tenant::admission`; `KubernetesNodes` pools
-//! are validated against `tenant::nodes_admission` with their parent looked
+//! validated against the rules of `tenant::kubernetes::admission`; `KubernetesNodes` pools
+//! are validated against `tenant::kubernetes_nodes::admission` with their parent looked
 //! up in the API.
 
 pub mod configuration;

@@ -24,14 +24,14 @@ use tenantry_api::tenant_nodes::{
     KubernetesNodes, KubernetesNodesStatus, READY_CONDITION, WORKERS_READY_CONDITION,
 };
 
-use super::access::{self, AccessError};
-use super::pki;
-use super::pool::{self, POOL_LABEL, PoolNames};
-use super::reconcile::{delete_if_present, resource, secret_value};
-use super::render;
-use super::talos::{self, WorkerTrust};
+use super::render::{self as pool, POOL_LABEL, PoolNames};
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::tenant::access::{self, AccessError};
+use crate::tenant::kubernetes::reconcile::{delete_if_present, resource, secret_value};
+use crate::tenant::kubernetes::render;
+use crate::tenant::pki;
+use crate::tenant::talos::{self, WorkerTrust};
 
 /// How often a pool on its way up is looked at again.
 const POLL: Duration = Duration::from_secs(5);

@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::{KUBERNETES_NODES_FINALIZER, KubernetesNodes};
 
-use super::pool_reconcile::{self, Error};
+use super::reconcile::{self, Error};
 use crate::reconciler::{self, Context};
 
 /// Runs the controller until shutdown.
@@ -21,10 +21,8 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let pools: Api<KubernetesNodes> = config.api(&client);
-    let deployments: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &pool_reconcile::machine_deployment_resource(),
-    );
+    let deployments: Api<DynamicObject> =
+        Api::all_with(client.clone(), &reconcile::machine_deployment_resource());
     let controller = Controller::new(pools, config.watcher_config())
         .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
@@ -46,8 +44,8 @@ pub async fn run(base: Arc<Context>) {
         })
         .owns_with(
             deployments,
-            pool_reconcile::machine_deployment_resource(),
-            crate::reconciler::watch_config().labels(super::pool::POOL_LABEL),
+            reconcile::machine_deployment_resource(),
+            crate::reconciler::watch_config().labels(super::render::POOL_LABEL),
         )
         .shutdown_on_signal()
         .run(reconcile, error_policy, base)
@@ -62,8 +60,8 @@ pub async fn run(base: Arc<Context>) {
 async fn reconcile(object: Arc<KubernetesNodes>, ctx: Arc<Context>) -> Result<Action, Error> {
     reconciler::reconcile_with_finalizer(&ctx, object, KUBERNETES_NODES_FINALIZER, |event| async {
         match event {
-            Finalizer::Apply(pool) => pool_reconcile::apply_pool(pool, &ctx).await,
-            Finalizer::Cleanup(pool) => pool_reconcile::cleanup_pool(pool, &ctx).await,
+            Finalizer::Apply(pool) => reconcile::apply_pool(pool, &ctx).await,
+            Finalizer::Cleanup(pool) => reconcile::cleanup_pool(pool, &ctx).await,
         }
     })
     .await

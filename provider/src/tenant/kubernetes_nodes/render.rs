@@ -19,7 +19,7 @@ use tenantry_api::tenant_nodes::{
     quantity_milli_value,
 };
 
-use super::render::KUBERNETES_LABEL;
+use crate::tenant::kubernetes::render::KUBERNETES_LABEL;
 
 /// Label on everything a pool's controller creates, naming the pool object.
 pub const POOL_LABEL: &str = "apps.tenantry.dev/kubernetes-nodes";
@@ -302,7 +302,7 @@ pub fn talos_config_template(
 ) -> Value {
     let spec = json!({
         "generateType": "none",
-        "talosVersion": super::talos::talos_minor(talos_version(kubernetes)),
+        "talosVersion": crate::tenant::talos::talos_minor(talos_version(kubernetes)),
         "data": worker_config,
     });
     json!({

@@ -26,7 +26,7 @@ use tenantry_api::tenant_nodes::{
     default_reserved_millicpu, instance_type, instance_type_series, quantity_milli_value,
 };
 
-use crate::tenant::admission::{FieldError, Verdict};
+use crate::tenant::kubernetes::admission::{FieldError, Verdict};
 
 const NAME: &str = "metadata.name";
 const CLUSTER: &str = "spec.cluster";

@@ -27,12 +27,12 @@ use tenantry_api::tenant::{
 };
 use tenantry_api::tenant_nodes::KubernetesNodes;
 
-use super::access;
-use super::pki;
 use super::render;
 use super::storage;
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::tenant::access;
+use crate::tenant::pki;
 
 /// How often a cluster on its way up is looked at again.
 const POLL: Duration = Duration::from_secs(2);
@@ -93,7 +93,12 @@ impl From<kube::runtime::finalizer::Error<Error>> for Error {
     }
 }
 
-pub(super) fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+pub(in crate::tenant) fn resource(
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
@@ -208,7 +213,7 @@ async fn ensure_secret(
     }
 }
 
-pub(super) fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+pub(in crate::tenant) fn secret_value(secret: &Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()
@@ -823,7 +828,7 @@ async fn ensure_proxmox_controllers(
 }
 
 /// Deletes an object in the background; whether it was there.
-pub(super) async fn delete_if_present(
+pub(in crate::tenant) async fn delete_if_present(
     api: &Api<DynamicObject>,
     name: &str,
 ) -> Result<bool, kube::Error> {
