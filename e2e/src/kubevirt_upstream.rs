@@ -218,10 +218,7 @@ impl VirtApi {
     /// `/apis/subresources.kubevirt.io/v1/version`, which it serves to
     /// everyone), as built by `hack/upstream/build.sh`.
     pub async fn version(&self, ca_pem: &str) -> anyhow::Result<String> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
-            .build()?;
+        let http = loopback_client(ca_pem)?;
         let info: serde_json::Value = http
             .get(format!(
                 "https://localhost:{}/apis/subresources.kubevirt.io/v1/version",
@@ -322,6 +319,7 @@ impl VirtController {
             control_plane.user_kubeconfig(VIRT_CONTROLLER_USER, &SERVICE_ACCOUNT_GROUPS)?;
         let port = free_port()?;
         let binary = upstream.binary(Binary::VirtController)?;
+        let log = dir.join("virt-controller.log");
         let command = move || {
             let mut command = Command::new(&binary);
             command.args(arg_list(&[
@@ -343,9 +341,6 @@ impl VirtController {
             command.current_dir(&dir).env("TMPDIR", &dir);
             command
         };
-        let log = control_plane
-            .dir()
-            .join("virt-controller/virt-controller.log");
         let mut process = ManagedProcess::spawn(
             &format!("{}/virt-controller", control_plane.name()),
             command(),
@@ -453,6 +448,15 @@ async fn deploy_kubevirt_object(client: &kube::Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An HTTPS client for virt-api's and virt-controller's own endpoints on
+/// loopback, trusting the control plane's CA (`ca_pem`).
+fn loopback_client(ca_pem: &str) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
+        .build()?)
+}
+
 /// Waits until `process` answers `https://localhost:<port><path>` (trusting
 /// `ca_pem`) with a body `ready` accepts; fails at once, with its log tail,
 /// if it exits first.
@@ -464,10 +468,7 @@ async fn wait_answering(
     what: &str,
     ready: fn(&str) -> bool,
 ) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
-        .build()?;
+    let http = loopback_client(ca_pem)?;
     let url = format!("https://localhost:{port}{path}");
     let answered = wait::until(what, START_TIMEOUT, || {
         let exited = process.exit_status();
