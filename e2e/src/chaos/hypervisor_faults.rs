@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng as _;
 use rand::rngs::StdRng;
-use tenantry_provider::proxmox::machine::decide::is_failure;
+use tenantry_provider::proxmox::machine::status::is_failure;
 
 use super::lab::{self, Lab, ManagerSetup};
 use super::proxmox::ProxmoxLab;

@@ -25,8 +25,8 @@ use crate::capi::{Cluster, Machine};
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::proxmox::client::{ProxmoxClient, ProxmoxError, Upid};
 use crate::proxmox::credentials::CredentialsError;
-use crate::proxmox::machine::act::{TaskPoll, lookup_vm, poll_task, reconcile_task_wait};
 use crate::proxmox::machine::decide::{Ownership, VmPresence, ownership};
+use crate::proxmox::machine::observe::pve::{TaskPoll, lookup_vm, poll_task, reconcile_task_wait};
 
 /// Why a step failed: transient trouble (retried with backoff) or a refusal
 /// a human has to look at (reported in the `Remediated` condition).

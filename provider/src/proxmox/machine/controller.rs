@@ -12,7 +12,7 @@ use tenantry_api::generated::capi::ip_address::IpAddress;
 use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
 use tenantry_api::proxmox::{PROXMOX_MACHINE_FINALIZER, ProxmoxCluster, ProxmoxMachine};
 
-use super::act::MACHINE_LABEL;
+use super::act::claims::MACHINE_LABEL;
 use super::cache::Caches;
 use super::reconcile::{self, Error};
 use crate::capi::stores::CapiStores;

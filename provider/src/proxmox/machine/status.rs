@@ -1,0 +1,267 @@
+//! What a ProxmoxMachine says about itself: one [`Reason`] per state it can
+//! report on `VirtualMachineProvisioned` and `Ready`, with how serious each
+//! is. Events, the failure lists of the tests and metric labels all read
+//! them from here.
+
+use tenantry_api::contract::READY_CONDITION;
+
+use crate::capi::conditions::DesiredCondition;
+use crate::proxmox::client::ProxmoxError;
+
+/// Condition: the VM exists, is configured, runs and reported its address
+/// (capmox's name).
+pub const VM_PROVISIONED: &str = "VirtualMachineProvisioned";
+
+/// How a reason reads to an operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// On the way, or waiting for something that comes by itself.
+    Progress,
+    /// Someone must act (or PVE refused): a Warning event when the machine
+    /// first reports it.
+    Failure,
+}
+
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $variant:ident = $text:literal, $severity:ident; )*) => {
+        /// The reasons on `VirtualMachineProvisioned` and `Ready`, in the
+        /// order a machine meets them; capmox's names where capmox has one.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Reason {
+            pub const ALL: &[Reason] = &[$(Reason::$variant),*];
+
+            /// The condition reason, also the metric label.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $text,)*
+                }
+            }
+
+            pub fn severity(self) -> Severity {
+                match self {
+                    $(Reason::$variant => Severity::$severity,)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    WaitingForOwnerMachine = "WaitingForOwnerMachine", Progress;
+    WaitingForCluster = "WaitingForCluster", Progress;
+    WaitingForClusterInfrastructure = "WaitingForClusterInfrastructure", Progress;
+    WaitingForControlPlane = "WaitingForControlPlaneInitialized", Progress;
+    WaitingForBootstrapData = "WaitingForBootstrapData", Progress;
+    BootstrapDataSecretMissing = "BootstrapDataSecretNotFound", Failure;
+    ProxmoxClusterNotFound = "ProxmoxClusterNotFound", Failure;
+    // The ProxmoxCluster's credentials and client settings.
+    CredentialsRefInvalid = "CredentialsRefInvalid", Failure;
+    CredentialsSecretNotFound = "CredentialsSecretNotFound", Failure;
+    CredentialsInvalid = "CredentialsInvalid", Failure;
+    CredentialsUnreadable = "CredentialsUnreadable", Failure;
+    InvalidUrl = "InvalidURL", Failure;
+    InvalidCredentials = "InvalidCredentials", Failure;
+    InvalidCertificateAuthority = "InvalidCertificateAuthority", Failure;
+    ClientSetupFailed = "ClientSetupFailed", Failure;
+    // What PVE refused, named after PVE's answer.
+    Unauthorized = "Unauthorized", Failure;
+    PermissionDenied = "PermissionDenied", Failure;
+    TlsHandshakeFailed = "TLSHandshakeFailed", Failure;
+    InvalidSpec = "InvalidSpec", Failure;
+    TemplateNotFound = "TemplateNotFound", Failure;
+    NodeCapacityUnknown = "NodeCapacityUnknown", Failure;
+    InsufficientResources = "InsufficientResources", Failure;
+    NoNodeAvailable = "NoNodeAvailable", Failure;
+    VmidRangeExhausted = "VMIDRangeExhausted", Failure;
+    StorageOutsidePool = "StorageOutsidePool", Failure;
+    /// The PVE API did not answer, or answered "busy": retried with backoff.
+    ProxmoxUnavailable = "ProxmoxUnavailable", Progress;
+    /// PVE refused a request no step names a reason for: retried with backoff.
+    ProxmoxRequestFailed = "ProxmoxRequestFailed", Failure;
+    /// Ready to provision; waiting for one of the manager's reconciles.
+    WaitingForTurn = "WaitingForProvisioningTurn", Progress;
+    Cloning = "Cloning", Progress;
+    CloningFailed = "CloningFailed", Failure;
+    VmOutsidePool = "VMOutsidePool", Failure;
+    VmNotOwned = "VMNotOwned", Failure;
+    VmNotFound = "VMNotFound", Failure;
+    VmLocked = "VMLocked", Progress;
+    Configuring = "WaitingForVMConfiguration", Progress;
+    ConfigurationFailed = "VMConfigurationFailed", Failure;
+    ResizingDisk = "WaitingForDiskReconciliation", Progress;
+    DiskResizeFailed = "DiskResizeFailed", Failure;
+    WaitingForStaticIp = "WaitingForStaticIPAllocation", Progress;
+    IpAllocationFailed = "IPAddressClaimFailed", Failure;
+    IpAddressConflict = "IPAddressConflict", Failure;
+    UploadingBootstrapData = "WaitingForBootstrapDataReconciliation", Progress;
+    BootstrapDataFailed = "BootstrapDataReconciliationFailed", Failure;
+    PoweringOn = "WaitingForVMPowerUp", Progress;
+    PoweringOnFailed = "PoweringOnFailed", Failure;
+    WaitingForGuestAgent = "WaitingForGuestAgent", Progress;
+    WaitingForGuestAddresses = "WaitingForGuestAddresses", Progress;
+    GuestAgentNotConfigured = "GuestAgentNotConfigured", Failure;
+    VmNotRunning = "VMNotRunning", Failure;
+    Provisioned = "Provisioned", Progress;
+    Deleting = "Deleting", Progress;
+    DeletionFailed = "DeletionFailed", Failure;
+    TaskFailed = "TaskFailed", Failure;
+}
+
+impl Reason {
+    /// The reason a condition carries, if it is one of these.
+    pub fn parse(text: &str) -> Option<Reason> {
+        Reason::ALL.iter().copied().find(|r| r.as_str() == text)
+    }
+
+    pub fn is_failure(self) -> bool {
+        self.severity() == Severity::Failure
+    }
+
+    /// What a task of a type is doing while it runs, and what its failure
+    /// is called.
+    pub fn of_task(task_type: &str) -> (Reason, Reason) {
+        match task_type {
+            "qmclone" => (Reason::Cloning, Reason::CloningFailed),
+            "qmconfig" => (Reason::Configuring, Reason::ConfigurationFailed),
+            "resize" => (Reason::ResizingDisk, Reason::DiskResizeFailed),
+            "imgcopy" | "imgdel" => (Reason::UploadingBootstrapData, Reason::BootstrapDataFailed),
+            "qmstart" => (Reason::PoweringOn, Reason::PoweringOnFailed),
+            "qmstop" | "qmdestroy" => (Reason::Deleting, Reason::DeletionFailed),
+            _ => (Reason::Configuring, Reason::TaskFailed),
+        }
+    }
+
+    /// The `Ready` reason of a machine backing off after a PVE error that no
+    /// step turned into a reason of its own: the API being unavailable (what
+    /// settles by itself, and a bare 5xx), or a request it refused.
+    pub fn of_backoff(error: &ProxmoxError) -> Reason {
+        match error {
+            ProxmoxError::Rejected { status, .. } if *status >= 500 => Reason::ProxmoxUnavailable,
+            error if error.is_transient() => Reason::ProxmoxUnavailable,
+            _ => Reason::ProxmoxRequestFailed,
+        }
+    }
+
+    /// A PVE refusal of a step: the credentials' own trouble keeps PVE's
+    /// name for it, anything else is the step's failure.
+    pub fn of_refusal(error: &ProxmoxError, step_failed: Reason) -> Reason {
+        match error {
+            ProxmoxError::PermissionDenied { .. } => Reason::PermissionDenied,
+            ProxmoxError::Unauthorized { .. } => Reason::Unauthorized,
+            ProxmoxError::Tls { .. } => Reason::TlsHandshakeFailed,
+            _ => step_failed,
+        }
+    }
+
+    /// A reason named elsewhere (credentials, client settings, placement),
+    /// falling back to `otherwise` for one this list does not know.
+    pub fn named(text: &str, otherwise: Reason) -> Reason {
+        Reason::parse(text).unwrap_or(otherwise)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a condition reason deserves a Warning event (and counts as a
+/// failure in the chaos suite's tally).
+pub fn is_failure(reason: &str) -> bool {
+    Reason::parse(reason).is_some_and(Reason::is_failure)
+}
+
+/// The pair of conditions a machine reports while not provisioned.
+pub fn waiting(reason: Reason, message: impl Into<String>) -> [DesiredCondition; 2] {
+    let message = message.into();
+    [
+        DesiredCondition::false_(VM_PROVISIONED, reason.as_str(), message.clone()),
+        DesiredCondition::false_(READY_CONDITION, reason.as_str(), message),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backoff_names_an_unavailable_api_or_the_refused_request() {
+        let bare_500 = ProxmoxError::Rejected {
+            status: 500,
+            message: "Internal Server Error".into(),
+        };
+        let unavailable = ProxmoxError::Unavailable {
+            status: 503,
+            message: "Service Unavailable".into(),
+        };
+        let refused = ProxmoxError::Rejected {
+            status: 400,
+            message: "shrinking disks is not supported".into(),
+        };
+        let missing = ProxmoxError::NotFound {
+            message: "no such pool".into(),
+        };
+        assert_eq!(Reason::of_backoff(&bare_500), Reason::ProxmoxUnavailable);
+        assert_eq!(Reason::of_backoff(&unavailable), Reason::ProxmoxUnavailable);
+        assert_eq!(Reason::of_backoff(&refused), Reason::ProxmoxRequestFailed);
+        assert_eq!(Reason::of_backoff(&missing), Reason::ProxmoxRequestFailed);
+        assert!(is_failure("ProxmoxRequestFailed"));
+        assert!(!is_failure("ProxmoxUnavailable"));
+        assert!(!is_failure("WaitingForProvisioningTurn"));
+        assert!(!is_failure("SomethingElse"));
+    }
+
+    #[test]
+    fn every_reason_reads_back_as_itself() {
+        for reason in Reason::ALL {
+            assert_eq!(Reason::parse(reason.as_str()), Some(*reason));
+            assert!(reason.as_str().chars().all(|c| c.is_ascii_alphanumeric()));
+        }
+    }
+
+    #[test]
+    fn the_reasons_named_elsewhere_are_all_known() {
+        use crate::proxmox::client::ConfigError;
+        use crate::proxmox::credentials::CredentialsError;
+        let credentials = [
+            CredentialsError::SecretNotFound {
+                namespace: "n".into(),
+                name: "s".into(),
+            },
+            CredentialsError::NoCredentials,
+            CredentialsError::Invalid {
+                source_name: "s".into(),
+                error: ConfigError::InvalidUrl {
+                    url: "x".into(),
+                    reason: "y".into(),
+                },
+            },
+        ];
+        for error in credentials {
+            assert!(
+                Reason::parse(error.reason()).is_some(),
+                "{}",
+                error.reason()
+            );
+        }
+        for name in [
+            "CredentialsRefInvalid",
+            "CredentialsUnreadable",
+            "InvalidCredentials",
+            "InvalidCertificateAuthority",
+            "ClientSetupFailed",
+            "InsufficientResources",
+            "NoNodeAvailable",
+        ] {
+            assert!(
+                Reason::parse(name).is_some_and(Reason::is_failure),
+                "{name}"
+            );
+        }
+    }
+}
