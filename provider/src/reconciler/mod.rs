@@ -3,7 +3,8 @@
 //! a controller ([`context`]), fair turns ([`turns`]), the per-object
 //! backoff ([`backoff`]) and error policy ([`mod@error_policy`]), reconciles
 //! under a finalizer ([`finalizer`]), status writes ([`status_write`]) and
-//! trigger throttling ([`throttle`]). (Named so, not `runtime`, to stay
+//! trigger throttling ([`throttle`]), and condition reasons with their
+//! severity ([`reasons`]). (Named so, not `runtime`, to stay
 //! apart from `kube::runtime`.)
 
 pub mod backoff;
@@ -11,6 +12,7 @@ pub mod config;
 pub mod context;
 pub mod error_policy;
 pub mod finalizer;
+pub mod reasons;
 pub mod status_write;
 pub mod throttle;
 pub mod turns;

@@ -1,5 +1,7 @@
-//! Writes to the infrastructure cluster for one KubevirtMachine. Each step is
-//! idempotent, so a crash between any two is harmless.
+//! What a KubevirtMachine reconcile writes: the machine's spec (the
+//! infrastructure cluster's Secret, the providerID), and in the
+//! infrastructure cluster its userdata Secret and VM, or their deletion.
+//! Each step is idempotent, so a crash between any two is harmless.
 
 use std::collections::BTreeMap;
 
@@ -12,8 +14,20 @@ use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::kubevirt::KubevirtMachine;
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
 use super::cache::Caches;
+use super::cloud_config;
+use super::decide::HUMAN_RETRY;
+use super::observe::Gates;
+use super::reconcile::{Error, Halt, Run};
+use super::status::Reason;
+use crate::capi::bootstrap::{BootstrapData, BootstrapFormat};
 use crate::kubevirt::infra::InfraCluster;
+use crate::kubevirt::render::{self, VmPlacement};
+use crate::kubevirt::ssh::{self, SshKeyPair};
 use crate::reconciler::FIELD_MANAGER;
 
 /// The Secret holding a machine's bootstrap data for the config drive.
@@ -189,5 +203,116 @@ where
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(error) => Err(error),
+    }
+}
+
+impl Run<'_> {
+    /// Copies the cluster's infrastructure Secret onto the machine, so that
+    /// deletion works even when the KubevirtCluster is gone first.
+    pub(super) async fn record_infra_secret_ref(
+        &self,
+        secret_ref: Option<&ObjectReference>,
+    ) -> Result<(), Error> {
+        self.api
+            .patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "infraClusterSecretRef": secret_ref } })),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn record_provider_id(&self) -> Result<(), Error> {
+        self.api
+            .patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "spec": { "providerID": format!("kubevirt://{}", self.name) } }),
+                ),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Writes the userdata Secret, then creates the VM. The user data gets
+    /// user `capk` for the ssh check (CAPK injects into cloud-config only;
+    /// everything else passes untouched).
+    pub(super) async fn create_vm(
+        &self,
+        gates: &Gates,
+        format: BootstrapFormat,
+        data: &BootstrapData,
+        ssh_keys: Option<&SshKeyPair>,
+    ) -> Result<VirtualMachine, Halt> {
+        let infra = &gates.infra;
+        let name = self.name.as_str();
+        let userdata = match ssh_keys {
+            Some(keys) => cloud_config::with_capk_user(data.as_bytes(), keys.authorized_key())
+                .map_err(|error| {
+                    Halt::wait(
+                        Reason::InvalidBootstrapData,
+                        format!(
+                            "{error}: user {} cannot be added for the ssh bootstrap check; fix the bootstrap configuration or set spec.virtualMachineBootstrapCheck.checkStrategy to none",
+                            ssh::SSH_USER
+                        ),
+                        Some(HUMAN_RETRY),
+                    )
+                })?,
+            None => data.as_bytes().to_vec(),
+        };
+        let userdata_secret = userdata_secret_name(name);
+        let placement = VmPlacement {
+            cluster_name: &gates.cluster_name,
+            role: gates.role,
+            namespace: &infra.namespace,
+            userdata_secret: &userdata_secret,
+            bootstrap_format: format,
+        };
+        let labels = render::machine_labels(name, &self.namespace, &placement);
+        apply_userdata_secret(&self.machine, infra, &labels, &userdata)
+            .await
+            .map_err(Error::InfraApi)?;
+        let desired = render::desired_virtual_machine(&self.machine, &placement)
+            .map_err(|error| Halt::wait(Reason::InvalidSpec, error.to_string(), None))?;
+        let created = match create_virtual_machine(&self.machine, infra, desired.clone()).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => {
+                return Err(Halt::wait(
+                    Reason::VmCreateFailed,
+                    format!(
+                        "the infrastructure cluster refused VirtualMachine {}/{name}: {}",
+                        infra.namespace, status.message
+                    ),
+                    Some(HUMAN_RETRY),
+                ));
+            }
+            Err(error) => return Err(Error::InfraApi(error).into()),
+        };
+        match created {
+            // The create answer is the VM.
+            Some(vm) => {
+                tracing::info!(machine = %name, namespace = %infra.namespace, "created VirtualMachine");
+                self.ctx
+                    .base
+                    .event(
+                        self.machine.as_ref(),
+                        EventType::Normal,
+                        "VirtualMachineCreated",
+                        format!("created VirtualMachine {}/{name}", infra.namespace),
+                    )
+                    .await;
+                Ok(vm)
+            }
+            // Made by someone else meanwhile (409): read back.
+            None => Ok(
+                Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace)
+                    .get_opt(name)
+                    .await
+                    .map_err(Error::InfraApi)?
+                    .unwrap_or(desired),
+            ),
+        }
     }
 }

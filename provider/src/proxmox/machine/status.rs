@@ -12,45 +12,12 @@ use crate::proxmox::client::ProxmoxError;
 /// (capmox's name).
 pub const VM_PROVISIONED: &str = "VirtualMachineProvisioned";
 
-/// How a reason reads to an operator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Severity {
-    /// On the way, or waiting for something that comes by itself.
-    Progress,
-    /// Someone must act (or PVE refused): a Warning event when the machine
-    /// first reports it.
-    Failure,
-}
-
-macro_rules! reasons {
-    ($( $(#[$doc:meta])* $variant:ident = $text:literal, $severity:ident; )*) => {
-        /// The reasons on `VirtualMachineProvisioned` and `Ready`, in the
-        /// order a machine meets them; capmox's names where capmox has one.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum Reason {
-            $( $(#[$doc])* $variant, )*
-        }
-
-        impl Reason {
-            pub const ALL: &[Reason] = &[$(Reason::$variant),*];
-
-            /// The condition reason, also the metric label.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Reason::$variant => $text,)*
-                }
-            }
-
-            pub fn severity(self) -> Severity {
-                match self {
-                    $(Reason::$variant => Severity::$severity,)*
-                }
-            }
-        }
-    };
-}
+pub use crate::reconciler::reasons::Severity;
+use crate::reconciler::reasons::reasons;
 
 reasons! {
+    // The reasons on `VirtualMachineProvisioned` and `Ready`, in the order
+    // a machine meets them; capmox's names where capmox has one.
     WaitingForOwnerMachine = "WaitingForOwnerMachine", Progress;
     WaitingForCluster = "WaitingForCluster", Progress;
     WaitingForClusterInfrastructure = "WaitingForClusterInfrastructure", Progress;
@@ -112,15 +79,6 @@ reasons! {
 }
 
 impl Reason {
-    /// The reason a condition carries, if it is one of these.
-    pub fn parse(text: &str) -> Option<Reason> {
-        Reason::ALL.iter().copied().find(|r| r.as_str() == text)
-    }
-
-    pub fn is_failure(self) -> bool {
-        self.severity() == Severity::Failure
-    }
-
     /// What a task of a type is doing while it runs, and what its failure
     /// is called.
     pub fn of_task(task_type: &str) -> (Reason, Reason) {
@@ -162,18 +120,6 @@ impl Reason {
     pub fn named(text: &str, otherwise: Reason) -> Reason {
         Reason::parse(text).unwrap_or(otherwise)
     }
-}
-
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Whether a condition reason deserves a Warning event (and counts as a
-/// failure in the chaos suite's tally).
-pub fn is_failure(reason: &str) -> bool {
-    Reason::parse(reason).is_some_and(Reason::is_failure)
 }
 
 /// The pair of conditions a machine reports while not provisioned.

@@ -1,70 +1,16 @@
-//! Pure decisions for a KubevirtMachine: what its VM, VMI and DataVolumes
-//! say about provisioning, and the status that follows.
+//! What the VM, its instance and its DataVolumes say about provisioning,
+//! the addresses a machine reports, and its `Ready` summary.
 
-use std::net::IpAddr;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use tenantry_api::contract::{
-    MANAGED_BY_ANNOTATION, MachineAddress, MachineAddressType, READY_CONDITION,
-};
+use tenantry_api::contract::{MachineAddress, MachineAddressType, READY_CONDITION};
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
-use tenantry_api::kubevirt::{BootstrapCheckStrategy, KubevirtCluster};
 
-use crate::capi::bootstrap::BootstrapFormat;
 use crate::capi::conditions::DesiredCondition;
-use crate::kubevirt::ssh::{
-    BOOTSTRAP_SENTINEL, ProbeError, SENTINEL_SUCCESS, SSH_USER, SentinelReading,
-};
+use crate::kubevirt::machine::status::{Reason, VM_PROVISIONED};
 
-/// Condition: the VirtualMachine exists and its instance is Ready (CAPK's name).
-pub const VM_PROVISIONED: &str = "VMProvisioned";
-/// Condition: the bootstrap check passed (CAPK's name).
-pub const BOOTSTRAP_EXEC_SUCCEEDED: &str = "BootstrapExecSucceeded";
 /// Label a user (or a test) puts on a VM or VMI to declare it broken for good (CAPK's key).
 pub const VM_IS_TERMINAL_LABEL: &str = "capk.cluster.x-k8s.io/vm-is-terminal";
-
-/// Reasons on `VMProvisioned` and `Ready`. Each says what the machine waits
-/// for or what went wrong, in words an operator can act on.
-pub mod reason {
-    pub const WAITING_FOR_OWNER_MACHINE: &str = "WaitingForOwnerMachine";
-    pub const WAITING_FOR_CLUSTER: &str = "WaitingForCluster";
-    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructure";
-    pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlaneInitialized";
-    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
-    pub const BOOTSTRAP_DATA_SECRET_MISSING: &str = "BootstrapDataSecretNotFound";
-    pub const INFRA_CLUSTER_UNAVAILABLE: &str = "InfraClusterUnavailable";
-    /// A request to the infrastructure cluster failed; retried with backoff.
-    pub const INFRA_CLUSTER_API_ERROR: &str = "InfraClusterAPIError";
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    pub const VM_CREATE_FAILED: &str = "VMCreateFailed";
-    pub const WAITING_FOR_VM: &str = "WaitingForVirtualMachine";
-    pub const DATA_VOLUME_IMPORTING: &str = "DataVolumeImporting";
-    pub const DATA_VOLUME_IMPORT_FAILED: &str = "DataVolumeImportFailed";
-    pub const WAITING_FOR_VMI: &str = "WaitingForVirtualMachineInstance";
-    pub const VM_STOPPED: &str = "VMStopped";
-    pub const VM_START_FAILING: &str = "VMStartFailing";
-    pub const UNSCHEDULABLE: &str = "Unschedulable";
-    pub const IMAGE_PULL_FAILED: &str = "ImagePullFailed";
-    pub const VMI_FAILED: &str = "VMIFailed";
-    pub const VMI_EVICTED: &str = "VMIEvicted";
-    pub const VM_NOT_READY: &str = "VMNotReady";
-    pub const VM_TERMINAL: &str = "VMTerminal";
-    pub const PROVISIONED: &str = "Provisioned";
-    pub const DELETING: &str = "Deleting";
-    pub const BOOTSTRAP_CHECK_DISABLED: &str = "BootstrapCheckDisabled";
-    pub const BOOTSTRAP_CHECK_NOT_SUPPORTED: &str = "BootstrapCheckingNotSupported";
-    pub const WAITING_FOR_SSH_KEYS: &str = "WaitingForSSHKeys";
-    pub const SSH_KEYS_INVALID: &str = "SSHKeysInvalid";
-    pub const INVALID_BOOTSTRAP_DATA: &str = "InvalidBootstrapData";
-    pub const WAITING_FOR_IP_ADDRESS: &str = "WaitingForIPAddress";
-    pub const WAITING_FOR_BOOTSTRAP_SENTINEL: &str = "WaitingForBootstrapSentinel";
-    pub const BOOTSTRAP_SENTINEL_UNEXPECTED: &str = "BootstrapSentinelUnexpected";
-    pub const SSH_CONNECTION_FAILED: &str = "SSHConnectionFailed";
-    pub const SSH_AUTHENTICATION_FAILED: &str = "SSHAuthenticationFailed";
-    pub const BOOTSTRAP_SENTINEL_FOUND: &str = "BootstrapSentinelFound";
-}
 
 /// What the VM's objects say.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,7 +57,7 @@ pub fn virtual_machine_state(
         || vmi.is_some_and(|v| has_terminal_label(v.metadata.labels.as_ref()))
     {
         return VmState::terminal(
-            reason::VM_TERMINAL,
+            Reason::VmTerminal.as_str(),
             format!("VirtualMachine {name} is labelled {VM_IS_TERMINAL_LABEL}=true"),
         );
     }
@@ -138,13 +84,13 @@ pub fn virtual_machine_state(
     let Some(vmi) = vmi else {
         if run_strategy == "Halted" {
             return VmState::terminal(
-                reason::VM_STOPPED,
+                Reason::VmStopped.as_str(),
                 format!("VirtualMachine {name} has runStrategy Halted, so no instance runs"),
             );
         }
         if let Some(failure) = vm_status.and_then(|s| s.start_failure.as_ref()) {
             return VmState::not_provisioned(
-                reason::VM_START_FAILING,
+                Reason::VmStartFailing.as_str(),
                 format!(
                     "VirtualMachine {name} fails to start ({} consecutive failures, status {printable})",
                     failure.consecutive_fail_count.unwrap_or(0)
@@ -152,7 +98,7 @@ pub fn virtual_machine_state(
             );
         }
         return VmState::not_provisioned(
-            reason::WAITING_FOR_VMI,
+            Reason::WaitingForVmi.as_str(),
             format!("VirtualMachine {name} has no instance yet (status {printable})"),
         );
     };
@@ -171,7 +117,7 @@ pub fn virtual_machine_state(
 
     if let Some(node) = status.and_then(|s| s.evacuation_node_name.as_deref()) {
         return VmState::terminal(
-            reason::VMI_EVICTED,
+            Reason::VmiEvicted.as_str(),
             format!(
                 "node {node} is being drained and VirtualMachineInstance {name} cannot move away by itself"
             ),
@@ -189,14 +135,14 @@ pub fn virtual_machine_state(
                 .unwrap_or_default()
         );
         return if restarts {
-            VmState::not_provisioned(reason::VMI_FAILED, message)
+            VmState::not_provisioned(Reason::VmiFailed.as_str(), message)
         } else {
-            VmState::terminal(reason::VMI_FAILED, message)
+            VmState::terminal(Reason::VmiFailed.as_str(), message)
         };
     }
     if let Some(scheduled) = find("PodScheduled").filter(|c| c.status == "False") {
         return VmState::not_provisioned(
-            reason::UNSCHEDULABLE,
+            Reason::Unschedulable.as_str(),
             format!(
                 "VirtualMachineInstance {name} cannot be scheduled: {}",
                 message_of(scheduled)
@@ -211,7 +157,7 @@ pub fn virtual_machine_state(
             )
     }) {
         return VmState::not_provisioned(
-            reason::IMAGE_PULL_FAILED,
+            Reason::ImagePullFailed.as_str(),
             format!(
                 "VirtualMachineInstance {name} cannot pull its image: {}",
                 message_of(sync)
@@ -220,14 +166,14 @@ pub fn virtual_machine_state(
     }
     if find("Ready").is_some_and(|c| c.status == "True") {
         return VmState {
-            condition: DesiredCondition::true_(VM_PROVISIONED, reason::PROVISIONED),
+            condition: DesiredCondition::true_(VM_PROVISIONED, Reason::Provisioned.as_str()),
             ready: true,
             terminal: false,
         };
     }
     let detail = find("Ready").map(message_of).filter(|m| !m.is_empty());
     VmState::not_provisioned(
-        reason::VM_NOT_READY,
+        Reason::VmNotReady.as_str(),
         match detail {
             Some(detail) => {
                 format!("VirtualMachineInstance {name} is {phase}, not Ready: {detail}")
@@ -260,7 +206,7 @@ fn data_volume_state(dv: &DataVolume) -> Option<VmState> {
         .and_then(|c| c.message.clone().filter(|m| !m.is_empty()));
     if phase == "Failed" {
         return Some(VmState::terminal(
-            reason::DATA_VOLUME_IMPORT_FAILED,
+            Reason::DataVolumeImportFailed.as_str(),
             format!(
                 "DataVolume {name} failed: {}",
                 failing.unwrap_or_else(|| "no message from CDI".into())
@@ -271,7 +217,7 @@ fn data_volume_state(dv: &DataVolume) -> Option<VmState> {
     if let Some(message) = failing.filter(|_| restarts > 0) {
         // CDI keeps retrying the import; say why it fails meanwhile.
         return Some(VmState::not_provisioned(
-            reason::DATA_VOLUME_IMPORT_FAILED,
+            Reason::DataVolumeImportFailed.as_str(),
             format!(
                 "DataVolume {name} import failing (attempt {}): {message}",
                 restarts + 1
@@ -284,7 +230,7 @@ fn data_volume_state(dv: &DataVolume) -> Option<VmState> {
         .map(|p| format!(" {p}"))
         .unwrap_or_default();
     Some(VmState::not_provisioned(
-        reason::DATA_VOLUME_IMPORTING,
+        Reason::DataVolumeImporting.as_str(),
         format!("DataVolume {name} is {phase}{progress}"),
     ))
 }
@@ -345,142 +291,13 @@ pub fn ready_condition(
             );
         }
     }
-    DesiredCondition::true_(READY_CONDITION, reason::PROVISIONED)
-}
-
-/// How a machine's bootstrap is confirmed (CAPK's rules).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BootstrapCheck {
-    /// `checkStrategy: none`: the VM's readiness counts.
-    Disabled,
-    /// `ssh` cannot work for this machine (the message says why): the VM's
-    /// readiness counts, as in CAPK.
-    NotSupported(&'static str),
-    /// Inject user `capk` into the cloud-config and read the sentinel over SSH.
-    Ssh,
-}
-
-impl BootstrapCheck {
-    /// The condition for the checks that need no guest.
-    pub fn condition(&self) -> Option<DesiredCondition> {
-        match self {
-            BootstrapCheck::Disabled => Some(DesiredCondition::true_(
-                BOOTSTRAP_EXEC_SUCCEEDED,
-                reason::BOOTSTRAP_CHECK_DISABLED,
-            )),
-            BootstrapCheck::NotSupported(why) => Some(
-                DesiredCondition::true_(
-                    BOOTSTRAP_EXEC_SUCCEEDED,
-                    reason::BOOTSTRAP_CHECK_NOT_SUPPORTED,
-                )
-                .with_message(*why),
-            ),
-            BootstrapCheck::Ssh => None,
-        }
-    }
-}
-
-/// Which check a machine gets. Only cloud-config can carry the SSH user, and
-/// the keys come from a KubevirtCluster tenantry reconciles: an externally
-/// managed one (e.g. Kamaji's) has none, and CAPK then skips the check too.
-pub fn bootstrap_check(
-    strategy: BootstrapCheckStrategy,
-    format: BootstrapFormat,
-    kubevirt_cluster: Option<&KubevirtCluster>,
-) -> BootstrapCheck {
-    match strategy {
-        BootstrapCheckStrategy::None => BootstrapCheck::Disabled,
-        BootstrapCheckStrategy::Ssh if format != BootstrapFormat::CloudConfig => {
-            BootstrapCheck::NotSupported(
-                "the bootstrap data is not cloud-config, so no SSH user can be injected; the VM's readiness counts",
-            )
-        }
-        BootstrapCheckStrategy::Ssh => match kubevirt_cluster {
-            None => BootstrapCheck::NotSupported(
-                "the Cluster's infrastructure is not a KubevirtCluster, so there are no SSH keys; the VM's readiness counts",
-            ),
-            Some(cluster)
-                if cluster
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(MANAGED_BY_ANNOTATION)) =>
-            {
-                BootstrapCheck::NotSupported(
-                    "the KubevirtCluster is externally managed, so tenantry made no SSH keys for it; the VM's readiness counts",
-                )
-            }
-            Some(_) => BootstrapCheck::Ssh,
-        },
-    }
-}
-
-/// Whether an earlier reconcile read `success` from the sentinel. The check
-/// then stands for good, as in CAPK: `/run` is a tmpfs, so the file is gone
-/// after a reboot while the node stays bootstrapped.
-pub fn bootstrap_confirmed(conditions: &[Condition]) -> bool {
-    conditions.iter().any(|c| {
-        c.type_ == BOOTSTRAP_EXEC_SUCCEEDED
-            && c.status == "True"
-            && c.reason == reason::BOOTSTRAP_SENTINEL_FOUND
-    })
-}
-
-/// The address the check connects to: the first IP of the VMI's interfaces.
-pub fn first_ip_address(vmi: &VirtualMachineInstance) -> Option<IpAddr> {
-    vmi.status
-        .as_ref()?
-        .interfaces
-        .as_deref()?
-        .iter()
-        .flat_map(|i| i.ip_address.iter().chain(i.ip_addresses.iter().flatten()))
-        .find_map(|ip| ip.parse().ok())
-}
-
-/// `BootstrapExecSucceeded` from reading the sentinel at `ip`. Every failure
-/// is retried; the messages say what to look at.
-pub fn sentinel_condition(
-    ip: IpAddr,
-    result: &Result<SentinelReading, ProbeError>,
-) -> DesiredCondition {
-    match result {
-        Ok(SentinelReading::Success) => {
-            DesiredCondition::true_(BOOTSTRAP_EXEC_SUCCEEDED, reason::BOOTSTRAP_SENTINEL_FOUND)
-        }
-        Ok(SentinelReading::Absent) => DesiredCondition::false_(
-            BOOTSTRAP_EXEC_SUCCEEDED,
-            reason::WAITING_FOR_BOOTSTRAP_SENTINEL,
-            format!(
-                "{BOOTSTRAP_SENTINEL} does not exist on {ip} yet: the node is still bootstrapping (progress in the guest's /var/log/cloud-init-output.log)"
-            ),
-        ),
-        Ok(SentinelReading::Unexpected(content)) => DesiredCondition::false_(
-            BOOTSTRAP_EXEC_SUCCEEDED,
-            reason::BOOTSTRAP_SENTINEL_UNEXPECTED,
-            format!(
-                "{BOOTSTRAP_SENTINEL} on {ip} says {content:?}, not {SENTINEL_SUCCESS:?}: bootstrap did not succeed; see the guest's /var/log/cloud-init-output.log"
-            ),
-        ),
-        Err(error @ ProbeError::AuthenticationRejected { .. }) => DesiredCondition::false_(
-            BOOTSTRAP_EXEC_SUCCEEDED,
-            reason::SSH_AUTHENTICATION_FAILED,
-            format!(
-                "{error}: cloud-init has not created user {SSH_USER} (yet), or the image has no cloud-init; retrying"
-            ),
-        ),
-        Err(error) => DesiredCondition::false_(
-            BOOTSTRAP_EXEC_SUCCEEDED,
-            reason::SSH_CONNECTION_FAILED,
-            format!(
-                "{error}; retrying. The ssh check needs the management cluster to reach the VM on port 22; otherwise set spec.virtualMachineBootstrapCheck.checkStrategy to none"
-            ),
-        ),
-    }
+    DesiredCondition::true_(READY_CONDITION, Reason::Provisioned.as_str())
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+    use crate::kubevirt::machine::status::BOOTSTRAP_EXEC_SUCCEEDED;
     use serde_json::{Value, json};
 
     fn vm(spec: Value, status: Value) -> VirtualMachine {
@@ -492,7 +309,7 @@ mod tests {
         .unwrap()
     }
 
-    fn vmi(status: Value) -> VirtualMachineInstance {
+    pub(in crate::kubevirt::machine::decide) fn vmi(status: Value) -> VirtualMachineInstance {
         serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": { "name": "m1", "namespace": "ns" },
@@ -529,7 +346,7 @@ mod tests {
             &[],
         );
         assert!(state.ready);
-        assert_eq!(state.condition.reason, reason::PROVISIONED);
+        assert_eq!(state.condition.reason, Reason::Provisioned.as_str());
     }
 
     #[test]
@@ -540,7 +357,10 @@ mod tests {
                 "message": "Unable to connect to http data source: expected status code 200, got 404. Status: 404 Not Found" }]
         }));
         let state = virtual_machine_state(&always(), None, &[failing]);
-        assert_eq!(state.condition.reason, reason::DATA_VOLUME_IMPORT_FAILED);
+        assert_eq!(
+            state.condition.reason,
+            Reason::DataVolumeImportFailed.as_str()
+        );
         assert!(
             state.condition.message.contains("got 404"),
             "{}",
@@ -563,7 +383,7 @@ mod tests {
     fn importing_shows_progress() {
         let importing = dv(json!({ "phase": "ImportInProgress", "progress": "45.00%" }));
         let state = virtual_machine_state(&always(), None, &[importing]);
-        assert_eq!(state.condition.reason, reason::DATA_VOLUME_IMPORTING);
+        assert_eq!(state.condition.reason, Reason::DataVolumeImporting.as_str());
         assert_eq!(
             state.condition.message,
             "DataVolume m1-boot is ImportInProgress 45.00%"
@@ -576,7 +396,7 @@ mod tests {
             { "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: insufficient memory" }
         ]}));
         let state = virtual_machine_state(&always(), Some(&unschedulable), &[]);
-        assert_eq!(state.condition.reason, reason::UNSCHEDULABLE);
+        assert_eq!(state.condition.reason, Reason::Unschedulable.as_str());
         assert!(state.condition.message.contains("insufficient memory"));
 
         let pull = vmi(json!({ "phase": "Scheduled", "conditions": [
@@ -586,7 +406,7 @@ mod tests {
             virtual_machine_state(&always(), Some(&pull), &[])
                 .condition
                 .reason,
-            reason::IMAGE_PULL_FAILED
+            Reason::ImagePullFailed.as_str()
         );
     }
 
@@ -594,7 +414,7 @@ mod tests {
     fn failed_instance_is_terminal_only_when_nothing_restarts_it() {
         let failed = vmi(json!({ "phase": "Failed", "reason": "guest crashed" }));
         let always_state = virtual_machine_state(&always(), Some(&failed), &[]);
-        assert_eq!(always_state.condition.reason, reason::VMI_FAILED);
+        assert_eq!(always_state.condition.reason, Reason::VmiFailed.as_str());
         assert!(!always_state.terminal);
         let once = vm(json!({ "runStrategy": "Once", "template": {} }), json!({}));
         assert!(virtual_machine_state(&once, Some(&failed), &[]).terminal);
@@ -605,7 +425,7 @@ mod tests {
         let evacuating = vmi(json!({ "phase": "Running", "evacuationNodeName": "node-2",
             "conditions": [{ "type": "Ready", "status": "True" }] }));
         let state = virtual_machine_state(&always(), Some(&evacuating), &[]);
-        assert_eq!(state.condition.reason, reason::VMI_EVICTED);
+        assert_eq!(state.condition.reason, Reason::VmiEvicted.as_str());
         assert!(state.terminal);
 
         let mut labelled = always();
@@ -613,7 +433,7 @@ mod tests {
             Some([(VM_IS_TERMINAL_LABEL.to_string(), "true".to_string())].into());
         assert_eq!(
             virtual_machine_state(&labelled, None, &[]).condition.reason,
-            reason::VM_TERMINAL
+            Reason::VmTerminal.as_str()
         );
     }
 
@@ -624,7 +444,7 @@ mod tests {
             json!({ "printableStatus": "Stopped" }),
         );
         let state = virtual_machine_state(&halted, None, &[]);
-        assert_eq!(state.condition.reason, reason::VM_STOPPED);
+        assert_eq!(state.condition.reason, Reason::VmStopped.as_str());
     }
 
     #[test]
@@ -646,141 +466,16 @@ mod tests {
 
     #[test]
     fn ready_summarises_the_first_unmet_condition() {
-        let provisioned = DesiredCondition::true_(VM_PROVISIONED, reason::PROVISIONED);
+        let provisioned = DesiredCondition::true_(VM_PROVISIONED, Reason::Provisioned.as_str());
         let bootstrap =
             DesiredCondition::false_(BOOTSTRAP_EXEC_SUCCEEDED, "WaitingForBootstrapSentinel", "…");
         let ready = ready_condition(&provisioned, &bootstrap);
         assert_eq!(ready.reason, "WaitingForBootstrapSentinel");
         assert!(!ready.is_true());
-        let bootstrap =
-            DesiredCondition::true_(BOOTSTRAP_EXEC_SUCCEEDED, reason::BOOTSTRAP_CHECK_DISABLED);
+        let bootstrap = DesiredCondition::true_(
+            BOOTSTRAP_EXEC_SUCCEEDED,
+            Reason::BootstrapCheckDisabled.as_str(),
+        );
         assert!(ready_condition(&provisioned, &bootstrap).is_true());
-    }
-
-    fn kubevirt_cluster(annotations: Value) -> KubevirtCluster {
-        serde_json::from_value(json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KubevirtCluster",
-            "metadata": { "name": "demo", "namespace": "ns", "annotations": annotations },
-            "spec": {},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn only_cloud_config_of_a_reconciled_cluster_gets_the_ssh_check() {
-        let ours = kubevirt_cluster(json!({}));
-        let kamaji = kubevirt_cluster(json!({ MANAGED_BY_ANNOTATION: "kamaji" }));
-        let cloud = BootstrapFormat::CloudConfig;
-        assert_eq!(
-            bootstrap_check(BootstrapCheckStrategy::Ssh, cloud, Some(&ours)),
-            BootstrapCheck::Ssh
-        );
-        assert_eq!(
-            bootstrap_check(BootstrapCheckStrategy::None, cloud, Some(&ours)),
-            BootstrapCheck::Disabled
-        );
-        for (format, cluster) in [
-            (BootstrapFormat::TalosConfig, Some(&ours)),
-            (BootstrapFormat::Other, Some(&ours)),
-            (cloud, Some(&kamaji)),
-            (cloud, None),
-        ] {
-            let check = bootstrap_check(BootstrapCheckStrategy::Ssh, format, cluster);
-            assert!(
-                matches!(check, BootstrapCheck::NotSupported(_)),
-                "{format:?}: {check:?}"
-            );
-            let condition = check.condition().unwrap();
-            assert!(condition.is_true());
-            assert_eq!(condition.reason, reason::BOOTSTRAP_CHECK_NOT_SUPPORTED);
-        }
-        assert!(BootstrapCheck::Ssh.condition().is_none());
-    }
-
-    #[test]
-    fn the_check_connects_to_the_first_ip() {
-        let running = vmi(json!({ "interfaces": [
-            { "name": "default", "ipAddresses": ["10.0.0.5", "fd00::5"] },
-            { "name": "secondary", "ipAddress": "192.168.1.9" }
-        ]}));
-        assert_eq!(
-            first_ip_address(&running),
-            Some("10.0.0.5".parse().unwrap())
-        );
-        assert_eq!(
-            first_ip_address(&vmi(json!({ "interfaces": [{ "name": "default" }] }))),
-            None
-        );
-        assert_eq!(first_ip_address(&vmi(json!({}))), None);
-    }
-
-    #[test]
-    fn sentinel_readings_become_actionable_conditions() {
-        let ip: IpAddr = "10.0.0.5".parse().unwrap();
-        let address = std::net::SocketAddr::new(ip, 22);
-        let found = sentinel_condition(ip, &Ok(SentinelReading::Success));
-        assert!(found.is_true());
-        assert_eq!(found.reason, reason::BOOTSTRAP_SENTINEL_FOUND);
-        let waiting = sentinel_condition(ip, &Ok(SentinelReading::Absent));
-        assert_eq!(waiting.reason, reason::WAITING_FOR_BOOTSTRAP_SENTINEL);
-        assert!(waiting.message.contains("10.0.0.5"), "{}", waiting.message);
-        let odd = sentinel_condition(ip, &Ok(SentinelReading::Unexpected("failed".into())));
-        assert_eq!(odd.reason, reason::BOOTSTRAP_SENTINEL_UNEXPECTED);
-        assert!(odd.message.contains("\"failed\""), "{}", odd.message);
-        let refused = sentinel_condition(
-            ip,
-            &Err(ProbeError::Connect {
-                address,
-                reason: "Connection refused (os error 111)".into(),
-            }),
-        );
-        assert_eq!(refused.reason, reason::SSH_CONNECTION_FAILED);
-        assert!(
-            refused.message.contains("10.0.0.5:22: Connection refused"),
-            "{}",
-            refused.message
-        );
-        let timeout = sentinel_condition(
-            ip,
-            &Err(ProbeError::Timeout {
-                address,
-                timeout: std::time::Duration::from_secs(5),
-            }),
-        );
-        assert_eq!(timeout.reason, reason::SSH_CONNECTION_FAILED);
-        let rejected = sentinel_condition(ip, &Err(ProbeError::AuthenticationRejected { address }));
-        assert_eq!(rejected.reason, reason::SSH_AUTHENTICATION_FAILED);
-        assert!(
-            [&waiting, &odd, &refused, &timeout, &rejected]
-                .iter()
-                .all(|c| !c.is_true())
-        );
-    }
-
-    #[test]
-    fn a_found_sentinel_stays_found() {
-        let condition = |status: &str, reason: &str| Condition {
-            type_: BOOTSTRAP_EXEC_SUCCEEDED.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: String::new(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-            observed_generation: None,
-        };
-        assert!(bootstrap_confirmed(&[condition(
-            "True",
-            reason::BOOTSTRAP_SENTINEL_FOUND
-        )]));
-        assert!(!bootstrap_confirmed(&[condition(
-            "True",
-            reason::BOOTSTRAP_CHECK_DISABLED
-        )]));
-        assert!(!bootstrap_confirmed(&[condition(
-            "False",
-            reason::WAITING_FOR_BOOTSTRAP_SENTINEL
-        )]));
-        assert!(!bootstrap_confirmed(&[]));
     }
 }
