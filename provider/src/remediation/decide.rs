@@ -28,28 +28,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tenantry_api::remediation::{RemediationPhase, RemediationStatus};
 
-/// Reasons of the `Remediated` condition.
-pub mod reason {
-    /// A restart is being issued.
-    pub const REBOOTING: &str = "Rebooting";
-    /// Restarted; waiting for the Machine to pass its health check.
-    pub const WAITING_FOR_NODE_HEALTHY: &str = "WaitingForNodeHealthy";
-    /// The restart could not be issued; the message carries the API's answer.
-    pub const REBOOT_FAILED: &str = "RebootFailed";
-    /// No retries left: the Machine was deleted so that it is replaced.
-    pub const RETRIES_EXHAUSTED: &str = "RetriesExhausted";
-    /// The Machine could not be deleted.
-    pub const MACHINE_DELETE_FAILED: &str = "MachineDeleteFailed";
-    /// The Machine passes its health check again.
-    pub const MACHINE_HEALTHY: &str = "MachineHealthy";
-    /// The Machine does not exist (any more).
-    pub const MACHINE_NOT_FOUND: &str = "MachineNotFound";
-    /// The Machine is being deleted.
-    pub const MACHINE_DELETING: &str = "MachineDeleting";
-    /// The spec cannot be acted on.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-}
-
 /// Event reasons.
 pub mod event {
     /// A restart was issued.

@@ -15,9 +15,11 @@ use tenantry_api::remediation::{REMEDIATED_CONDITION, RemediationPhase, Remediat
 
 use super::act::{self, ActError};
 use super::controller::{RemediationContext, RemediationObject, Substrate};
-use super::decide::{self, HEALTH_CHECK_SUCCEEDED, MachineState, Next, Observed, event, reason};
+use super::decide::{self, MachineState, Next, Observed, event};
+use super::observe::Observation;
+use super::status::Reason;
+use crate::capi::Machine;
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::capi::{Machine, owner, pause};
 use crate::reconciler::{FIELD_MANAGER, ReconcileError};
 
 /// How long to wait before retrying what a human has to fix.
@@ -79,14 +81,14 @@ pub async fn reconcile<K: RemediationObject>(
 
 /// One reconcile's working state: the object as last read or written, and
 /// the status being built.
-struct Run<'a, K> {
-    ctx: &'a RemediationContext,
-    api: Api<K>,
-    object: K,
-    written: Option<RemediationStatus>,
-    status: RemediationStatus,
-    name: String,
-    namespace: String,
+pub(super) struct Run<'a, K> {
+    pub(super) ctx: &'a RemediationContext,
+    pub(super) api: Api<K>,
+    pub(super) object: K,
+    pub(super) written: Option<RemediationStatus>,
+    pub(super) status: RemediationStatus,
+    pub(super) name: String,
+    pub(super) namespace: String,
 }
 
 /// The Machine under remediation.
@@ -98,46 +100,13 @@ struct Target {
 
 impl<K: RemediationObject> Run<'_, K> {
     async fn step(&mut self) -> Result<Action, Error> {
-        let client = self.ctx.base.client.clone();
-        // The Machine: the owner CAPI set, or the one of the same name.
-        let (machine_name, owner_uid) = match owner::machine_owner(self.object.meta()) {
-            Some(owner) => (owner.name.clone(), Some(owner.uid.clone())),
-            None => (self.name.clone(), None),
-        };
-        let machine = Api::<Machine>::namespaced(client.clone(), &self.namespace)
-            .get_opt(&machine_name)
-            .await?
-            .filter(|m| owner_uid.is_none() || m.metadata.uid == owner_uid);
-
-        // Pause, as the contract asks: the Cluster, this object, or (as
-        // CAPI's MachineHealthCheck checks) the Machine.
-        let cluster_name = owner::cluster_name(self.object.meta())
-            .map(str::to_string)
-            .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()));
-        let cluster = match &cluster_name {
-            Some(cluster_name) => {
-                owner::get_cluster(&client, &self.namespace, cluster_name).await?
-            }
-            None => None,
-        };
-        let paused = pause::paused_by(cluster.as_ref(), self.object.meta()).or_else(|| {
-            machine
-                .as_ref()
-                .and_then(|m| pause::paused_by(None, &m.metadata))
-        });
-        if paused.is_some() {
-            self.set_condition(pause::paused_condition(paused));
-            self.persist().await?;
+        let Some(Observation {
+            machine_name,
+            machine,
+            state,
+        }) = self.observe().await?
+        else {
             return Ok(Action::await_change());
-        }
-        self.set_condition(pause::paused_condition(None));
-
-        let state = match &machine {
-            None => MachineState::Gone,
-            Some(m) if m.metadata.deletion_timestamp.is_some() => MachineState::Deleting,
-            Some(m) => MachineState::Present {
-                healthy: health_check_succeeded(m),
-            },
         };
         let strategy = self.object.strategy().clone();
         let timeout = match strategy.timeout() {
@@ -145,7 +114,7 @@ impl<K: RemediationObject> Run<'_, K> {
             Err(message) => {
                 self.set_remediated(DesiredCondition::false_(
                     REMEDIATED_CONDITION,
-                    reason::INVALID_SPEC,
+                    Reason::InvalidSpec.as_str(),
                     format!("spec.strategy.timeout: {message}"),
                 ));
                 self.persist().await?;
@@ -173,7 +142,7 @@ impl<K: RemediationObject> Run<'_, K> {
         match (next, target) {
             (Next::Idle, _) | (_, None) => self.idle(&machine_name, state).await,
             (Next::Healthy, Some(target)) => {
-                self.set_remediated(DesiredCondition::true_(REMEDIATED_CONDITION, reason::MACHINE_HEALTHY).with_message(format!(
+                self.set_remediated(DesiredCondition::true_(REMEDIATED_CONDITION, Reason::MachineHealthy.as_str()).with_message(format!(
                     "Machine {} passes its health check again; its MachineHealthCheck deletes this remediation",
                     target.name
                 )));
@@ -199,11 +168,11 @@ impl<K: RemediationObject> Run<'_, K> {
         if self.status.phase != Some(RemediationPhase::Replacing) {
             let (reason, message) = match state {
                 MachineState::Deleting => (
-                    reason::MACHINE_DELETING,
+                    Reason::MachineDeleting.as_str(),
                     format!("Machine {machine} is being deleted; nothing to remediate"),
                 ),
                 _ => (
-                    reason::MACHINE_NOT_FOUND,
+                    Reason::MachineNotFound.as_str(),
                     format!("Machine {machine} does not exist; nothing to remediate"),
                 ),
             };
@@ -389,7 +358,7 @@ impl<K: RemediationObject> Run<'_, K> {
         self.status.task_ref = None;
         self.set_remediated(DesiredCondition::false_(
             REMEDIATED_CONDITION,
-            reason::REBOOTING,
+            Reason::Rebooting.as_str(),
             message.to_string(),
         ));
     }
@@ -411,7 +380,7 @@ impl<K: RemediationObject> Run<'_, K> {
         self.status.phase = Some(RemediationPhase::Waiting);
         self.set_remediated(DesiredCondition::false_(
             REMEDIATED_CONDITION,
-            reason::WAITING_FOR_NODE_HEALTHY,
+            Reason::WaitingForNodeHealthy.as_str(),
             message.clone(),
         ));
         self.persist().await?;
@@ -446,7 +415,7 @@ impl<K: RemediationObject> Run<'_, K> {
         self.status.phase = Some(RemediationPhase::Failed);
         self.set_remediated(DesiredCondition::false_(
             REMEDIATED_CONDITION,
-            reason::REBOOT_FAILED,
+            Reason::RebootFailed.as_str(),
             message.clone(),
         ));
         self.persist().await?;
@@ -476,7 +445,7 @@ impl<K: RemediationObject> Run<'_, K> {
             self.status.phase = Some(RemediationPhase::Replacing);
             self.set_remediated(DesiredCondition::false_(
                 REMEDIATED_CONDITION,
-                reason::RETRIES_EXHAUSTED,
+                Reason::RetriesExhausted.as_str(),
                 message.clone(),
             ));
             self.persist().await?;
@@ -504,7 +473,7 @@ impl<K: RemediationObject> Run<'_, K> {
                 }
                 self.set_remediated(DesiredCondition::false_(
                     REMEDIATED_CONDITION,
-                    reason::RETRIES_EXHAUSTED,
+                    Reason::RetriesExhausted.as_str(),
                     message,
                 ));
                 self.persist().await?;
@@ -517,17 +486,17 @@ impl<K: RemediationObject> Run<'_, K> {
                 let previous = self.remediated_reason();
                 self.set_remediated(DesiredCondition::false_(
                     REMEDIATED_CONDITION,
-                    reason::MACHINE_DELETE_FAILED,
+                    Reason::MachineDeleteFailed.as_str(),
                     message.clone(),
                 ));
                 self.persist().await?;
-                if previous.as_deref() != Some(reason::MACHINE_DELETE_FAILED) {
+                if previous.as_deref() != Some(Reason::MachineDeleteFailed.as_str()) {
                     self.ctx
                         .base
                         .event(
                             &self.object,
                             EventType::Warning,
-                            reason::MACHINE_DELETE_FAILED,
+                            Reason::MachineDeleteFailed.as_str(),
                             message,
                         )
                         .await;
@@ -560,7 +529,7 @@ impl<K: RemediationObject> Run<'_, K> {
         self.set_condition(desired);
     }
 
-    fn set_condition(&mut self, desired: DesiredCondition) {
+    pub(super) fn set_condition(&mut self, desired: DesiredCondition) {
         let mut list = self.status.conditions.take().unwrap_or_default();
         conditions::set(
             &mut list,
@@ -575,7 +544,7 @@ impl<K: RemediationObject> Run<'_, K> {
     /// resourceVersion this reconcile read: if anything else wrote the
     /// object in between, the write fails and the reconcile starts over
     /// from what is stored, instead of acting on a stale attempt count.
-    async fn persist(&mut self) -> Result<(), Error> {
+    pub(super) async fn persist(&mut self) -> Result<(), Error> {
         if self.written.as_ref() == Some(&self.status) {
             return Ok(());
         }
@@ -602,19 +571,4 @@ impl<K: RemediationObject> Run<'_, K> {
 struct Settings {
     retry_limit: u32,
     timeout: Duration,
-}
-
-/// Whether CAPI's MachineHealthCheck says the Machine is healthy.
-fn health_check_succeeded(machine: &Machine) -> bool {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.r#type == HEALTH_CHECK_SUCCEEDED))
-        .is_some_and(|c| {
-            matches!(
-                c.status,
-                tenantry_api::generated::capi::machine::MachineStatusConditionsStatus::True
-            )
-        })
 }
