@@ -14,6 +14,7 @@ use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use tenantry_api::tenant::{KUBERNETES_FINALIZER, Kubernetes};
 
+use super::act;
 use super::reconcile::{self, Error};
 use super::render;
 use crate::reconciler::{self, Context};
@@ -54,10 +55,10 @@ pub async fn run(base: Arc<Context>) {
     // reconciles then poll them (every few seconds until Ready).
     if crd_installed(&client, "kamajicontrolplanes.controlplane.cluster.x-k8s.io").await {
         let kcps: Api<DynamicObject> =
-            Api::all_with(client.clone(), &reconcile::kamaji_control_plane_resource());
+            Api::all_with(client.clone(), &act::kamaji_control_plane_resource());
         controller = controller.watches_with(
             kcps,
-            reconcile::kamaji_control_plane_resource(),
+            act::kamaji_control_plane_resource(),
             crate::reconciler::watch_config().labels(render::KUBERNETES_LABEL),
             move |kcp| by_label(&kcp.metadata),
         );
@@ -68,10 +69,10 @@ pub async fn run(base: Arc<Context>) {
     }
     if crd_installed(&client, "etcdclusters.etcd-operator.cozystack.io").await {
         let etcds: Api<DynamicObject> =
-            Api::all_with(client.clone(), &reconcile::etcd_cluster_resource());
+            Api::all_with(client.clone(), &act::etcd_cluster_resource());
         controller = controller.watches_with(
             etcds,
-            reconcile::etcd_cluster_resource(),
+            act::etcd_cluster_resource(),
             crate::reconciler::watch_config(),
             move |etcd| in_namespace(etcd.metadata.namespace.clone()),
         );

@@ -28,7 +28,7 @@ use super::render::{self as pool, POOL_LABEL, PoolNames};
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
 use crate::tenant::access::{self, AccessError};
-use crate::tenant::kubernetes::reconcile::{delete_if_present, resource, secret_value};
+use crate::tenant::kubernetes::act::{delete_if_present, resource, secret_value};
 use crate::tenant::kubernetes::render;
 use crate::tenant::pki;
 use crate::tenant::talos::{self, WorkerTrust};
