@@ -13,6 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::{KUBERNETES_NODES_FINALIZER, KubernetesNodes};
 
+use super::act;
 use super::reconcile::{self, Error};
 use crate::reconciler::{self, Context};
 
@@ -22,7 +23,7 @@ pub async fn run(base: Arc<Context>) {
     let config = base.config.clone();
     let pools: Api<KubernetesNodes> = config.api(&client);
     let deployments: Api<DynamicObject> =
-        Api::all_with(client.clone(), &reconcile::machine_deployment_resource());
+        Api::all_with(client.clone(), &act::machine_deployment_resource());
     let controller = Controller::new(pools, config.watcher_config())
         .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
@@ -44,7 +45,7 @@ pub async fn run(base: Arc<Context>) {
         })
         .owns_with(
             deployments,
-            reconcile::machine_deployment_resource(),
+            act::machine_deployment_resource(),
             crate::reconciler::watch_config().labels(super::render::POOL_LABEL),
         )
         .shutdown_on_signal()
