@@ -1,13 +1,19 @@
 use std::net::IpAddr;
+
+use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 
+use rcgen::PublicKeyData as _;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::{ServerName, UnixTime};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::oid_registry::{OID_KEY_TYPE_EC_PUBLIC_KEY, OID_SIG_ED25519};
 
+use super::x509::*;
 use super::*;
 
 const NS: &str = "tenant-a";
