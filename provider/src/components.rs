@@ -491,8 +491,7 @@ fn deployment(image: &str) -> Value {
                             "httpGet": { "path": "/readyz", "port": "healthz" },
                             "periodSeconds": 5,
                         },
-                        // Measured: 55 MiB at 500 machines, 260 MiB at 5,000
-                        // (docs/performance.md).
+                        // Sized from the peak memory in docs/performance.md.
                         "resources": {
                             "requests": { "cpu": "100m", "memory": "128Mi" },
                             "limits": { "cpu": "1", "memory": "512Mi" },

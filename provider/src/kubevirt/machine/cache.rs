@@ -1,8 +1,7 @@
 //! Read caches fed by the controller's own watches: a reconcile reads what
 //! the controller watches anyway (Machines, Clusters, KubevirtClusters, and
-//! its VMs, VMIs and DataVolumes) from memory instead of the apiserver. The
-//! benchmark (`docs/performance.md`) showed those reads were most of
-//! tenantry's requests per machine.
+//! its VMs, VMIs and DataVolumes) from memory instead of the apiserver:
+//! those reads were most of its requests per machine (`docs/performance.md`).
 //!
 //! A cache answers only for what its watch covers: CAPI objects fall back to
 //! a GET on a miss (not listed yet, or outside a label filter); the VM, VMI
