@@ -38,7 +38,7 @@ use crate::capi::{Cluster, owner, pause};
 use crate::kubevirt::infra::{InfraClients, InfraClusterError};
 use crate::kubevirt::render::ROLE_LABEL;
 use crate::kubevirt::ssh::{self, KeyError, SshKeyPair};
-use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{self, Context, FIELD_MANAGER};
 
 /// Condition: the control-plane Service has an address (CAPK's name).
 pub const LOAD_BALANCER_AVAILABLE: &str = "LoadBalancerAvailable";
@@ -62,31 +62,14 @@ pub fn ssh_keys_secret_name(kubevirt_cluster: &str) -> String {
 /// The Secret type Cluster API gives the secrets it and its providers make.
 const CLUSTER_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("waiting: {0}")]
-    Waiting(String, Duration),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-    #[error("SSH key pair: {0}")]
-    SshKeys(#[from] KeyError),
-}
+/// Reconcile errors: waits are deliberate, the rest back off.
+pub type Error = reconciler::Error<KeyError>;
 
-impl ReconcileError for Error {
-    fn wait(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
-            _ => None,
-        }
-    }
-}
+impl reconciler::OwnError for KeyError {}
 
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
-        Error::Finalizer(Box::new(error))
+impl From<KeyError> for Error {
+    fn from(error: KeyError) -> Self {
+        Error::Own(Box::new(error))
     }
 }
 

@@ -1,6 +1,6 @@
 //! What every reconciler shares, one concern per module: the manager's
 //! settings ([`config`]), how controllers watch ([`watch`]), the context of
-//! a controller ([`context`]), fair turns ([`turns`]), the per-object
+//! a controller ([`context`]), the one error type ([`mod@error`]), fair turns ([`turns`]), the per-object
 //! backoff ([`backoff`]) and error policy ([`mod@error_policy`]), reconciles
 //! under a finalizer ([`finalizer`]), status writes ([`status_write`]) and
 //! trigger throttling ([`throttle`]), and condition reasons with their
@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod config;
 pub mod context;
+pub mod error;
 pub mod error_policy;
 pub mod finalizer;
 pub mod reasons;
@@ -21,6 +22,7 @@ pub mod watch;
 pub use backoff::{Backoff, object_key};
 pub use config::{DEFAULT_MAX_CONCURRENT_RECONCILES, ManagerConfig};
 pub use context::Context;
+pub use error::{Error, OwnError};
 pub use error_policy::{ReconcileError, error_policy};
 pub use finalizer::{finalizer_wait, reconcile_with_finalizer};
 pub use status_write::{

@@ -20,7 +20,7 @@ use super::observe::Observation;
 use super::status::Reason;
 use crate::capi::Machine;
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::reconciler::{FIELD_MANAGER, ReconcileError};
+use crate::reconciler::FIELD_MANAGER;
 
 /// How long to wait before retrying what a human has to fix.
 const HUMAN_RETRY: Duration = Duration::from_secs(60);
@@ -29,24 +29,17 @@ const TASK_POLL: Duration = Duration::from_secs(2);
 /// Added to timeouts so the next reconcile lands after them, not just before.
 const SLACK: Duration = Duration::from_millis(200);
 
-/// Reconcile errors: all transient, retried with backoff. What needs a
-/// human is reported in the `Remediated` condition instead.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("Proxmox VE API: {0}")]
-    Proxmox(Box<crate::proxmox::client::ProxmoxError>),
-}
-
-impl ReconcileError for Error {}
+/// Reconcile errors, all transient (retried with backoff; PVE's passing
+/// trouble at most half a minute apart). What needs a human is reported in
+/// the `Remediated` condition instead.
+pub type Error = crate::reconciler::Error<crate::proxmox::client::ProxmoxError>;
 
 /// Whether an act failed transiently (`Err`) or was refused (`Ok(message)`).
 fn refusal(error: ActError) -> Result<String, Error> {
     match error {
         ActError::Refused(message) => Ok(message),
         ActError::Kube(error) => Err(error.into()),
-        ActError::Proxmox(error) => Err(Error::Proxmox(error)),
+        ActError::Proxmox(error) => Err(Error::Own(error)),
     }
 }
 

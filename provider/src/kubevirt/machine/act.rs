@@ -22,7 +22,7 @@ use super::cache::Caches;
 use super::cloud_config;
 use super::decide::HUMAN_RETRY;
 use super::observe::Gates;
-use super::reconcile::{Error, Halt, Run};
+use super::reconcile::{Error, Halt, Run, infra_api};
 use super::status::Reason;
 use crate::capi::bootstrap::{BootstrapData, BootstrapFormat};
 use crate::kubevirt::infra::InfraCluster;
@@ -273,7 +273,7 @@ impl Run<'_> {
         let labels = render::machine_labels(name, &self.namespace, &placement);
         apply_userdata_secret(&self.machine, infra, &labels, &userdata)
             .await
-            .map_err(Error::InfraApi)?;
+            .map_err(infra_api)?;
         let desired = render::desired_virtual_machine(&self.machine, &placement)
             .map_err(|error| Halt::wait(Reason::InvalidSpec, error.to_string(), None))?;
         let created = match create_virtual_machine(&self.machine, infra, desired.clone()).await {
@@ -288,7 +288,7 @@ impl Run<'_> {
                     Some(HUMAN_RETRY),
                 ));
             }
-            Err(error) => return Err(Error::InfraApi(error).into()),
+            Err(error) => return Err(infra_api(error).into()),
         };
         match created {
             // The create answer is the VM.
@@ -310,7 +310,7 @@ impl Run<'_> {
                 Api::<VirtualMachine>::namespaced(infra.client.clone(), &infra.namespace)
                     .get_opt(name)
                     .await
-                    .map_err(Error::InfraApi)?
+                    .map_err(infra_api)?
                     .unwrap_or(desired),
             ),
         }

@@ -26,7 +26,7 @@ use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::{owner, pause};
 use crate::kubevirt::infra::InfraClusterError;
 use crate::kubevirt::render;
-use crate::reconciler::{self, ReconcileError};
+use crate::reconciler;
 
 /// How often deletion checks whether the VM is gone when nothing would
 /// say so: the VM lives where no watch of ours looks, or a finalizer holds
@@ -36,37 +36,25 @@ const DELETION_POLL: Duration = Duration::from_secs(2);
 /// their removal wakes the machine.
 const DELETION_RESYNC: Duration = Duration::from_secs(30);
 
-/// Reconcile errors. Waits are deliberate; the rest back off.
+/// What the infrastructure cluster adds to a reconcile's errors.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
+pub enum InfraError {
     #[error("infrastructure cluster: {0}")]
-    InfraCluster(#[from] InfraClusterError),
+    Cluster(#[from] InfraClusterError),
     /// A request to the infrastructure cluster's API failed (it may be
     /// another cluster than the one the machine lives in).
     #[error("infrastructure cluster API: {0}")]
-    InfraApi(#[source] kube::Error),
-    #[error("waiting: {0}")]
-    Waiting(String, Duration),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    Api(#[source] kube::Error),
 }
 
-impl ReconcileError for Error {
-    fn wait(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
-            _ => None,
-        }
-    }
-}
+impl reconciler::OwnError for InfraError {}
 
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
-        Error::Finalizer(Box::new(error))
-    }
+/// Reconcile errors: waits are deliberate, the rest back off.
+pub type Error = reconciler::Error<InfraError>;
+
+/// A failed request to the infrastructure cluster's API.
+pub(super) fn infra_api(error: kube::Error) -> Error {
+    Error::Own(Box::new(InfraError::Api(error)))
 }
 
 /// Why a reconcile stops early: to report and come back later, or an error.
@@ -239,7 +227,10 @@ impl<'a> Run<'a> {
     /// API says nothing about the VM, and a False Ready could start
     /// remediation.
     async fn report_infra_backoff(&self, error: &Error) {
-        let Error::InfraApi(api_error) = error else {
+        let Error::Own(own) = error else {
+            return;
+        };
+        let InfraError::Api(api_error) = own.as_ref() else {
             return;
         };
         if self.previous_reason() == Some(Reason::InfraClusterApiError.as_str()) {
@@ -320,7 +311,7 @@ impl Run<'_> {
             .caches
             .vm(infra, &self.name)
             .await
-            .map_err(Error::InfraApi)?;
+            .map_err(infra_api)?;
 
         // The guest reads its userdata at first boot and CAPI's bootstrap
         // data does not change once set, so once the VM exists only the
@@ -367,13 +358,13 @@ impl Run<'_> {
             .caches
             .vmi(infra, &self.name)
             .await
-            .map_err(Error::InfraApi)?;
+            .map_err(infra_api)?;
         let data_volumes = self
             .ctx
             .caches
             .data_volumes(infra, &self.name, &self.namespace)
             .await
-            .map_err(Error::InfraApi)?;
+            .map_err(infra_api)?;
         let VmState {
             condition: vm_condition,
             ready,
@@ -463,7 +454,7 @@ impl Run<'_> {
             .await?;
         let remains = super::act::delete_machine_objects(&self.machine, &infra, &self.ctx.caches)
             .await
-            .map_err(Error::InfraApi)?;
+            .map_err(infra_api)?;
         if remains.is_empty() {
             tracing::info!(machine = %self.name, "VirtualMachine and its objects are gone; releasing the finalizer");
             return Ok(Action::await_change());

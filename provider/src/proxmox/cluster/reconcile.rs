@@ -27,40 +27,15 @@ use crate::capi::conditions::{self, DesiredCondition, Status};
 use crate::capi::{owner, pause};
 use crate::proxmox::client::{Permissions, ProxmoxClient, ProxmoxError, TaskWaitConfig};
 use crate::proxmox::credentials::ClientCache;
-use crate::reconciler::{self, Context, FIELD_MANAGER, ReconcileError};
+use crate::reconciler::{self, Context, FIELD_MANAGER};
 
 /// How often a ProxmoxCluster is looked at without any event.
 const RESYNC: Duration = Duration::from_secs(60);
 /// How long a preflight result stands while nothing it depends on changes.
 const PREFLIGHT_TTL: Duration = Duration::from_secs(60);
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("Proxmox VE API: {0}")]
-    Proxmox(#[from] ProxmoxError),
-    #[error("waiting: {0}")]
-    Waiting(String, Duration),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
-
-impl ReconcileError for Error {
-    fn wait(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
-            _ => None,
-        }
-    }
-}
-
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
-        Error::Finalizer(Box::new(error))
-    }
-}
+/// Reconcile errors: waits are deliberate, the rest back off.
+pub type Error = reconciler::Error<ProxmoxError>;
 
 /// The last preflight of each cluster: what it was computed from, when, and
 /// the conditions it gave.

@@ -29,54 +29,11 @@ use super::status::{self, Reason};
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::pause;
 use crate::proxmox::client::ProxmoxError;
-use crate::reconciler::{self, ReconcileError};
+use crate::reconciler;
 
-/// The longest pause between tries while PVE answers a transient error.
-const TRANSIENT_BACKOFF_CAP: Duration = Duration::from_secs(30);
-
-/// Reconcile errors. Waits are deliberate; the rest back off.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("Proxmox VE API: {0}")]
-    Proxmox(#[from] ProxmoxError),
-    #[error("waiting: {0}")]
-    Waiting(String, Duration),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
-
-impl ReconcileError for Error {
-    fn wait(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
-            _ => None,
-        }
-    }
-
-    /// PVE being unavailable or unreachable passes by itself; once it has,
-    /// the machine should go on within half a minute, not after a backoff
-    /// that doubled to minutes during the outage.
-    fn backoff_cap(&self) -> Option<Duration> {
-        match self {
-            Error::Proxmox(pve) if pve.is_transient() => Some(TRANSIENT_BACKOFF_CAP),
-            Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.backoff_cap(),
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-}
-
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
-        Error::Finalizer(Box::new(error))
-    }
-}
+/// Reconcile errors: waits are deliberate, the rest back off (PVE's
+/// passing trouble at most [`crate::proxmox::TRANSIENT_BACKOFF_CAP`]).
+pub type Error = reconciler::Error<ProxmoxError>;
 
 /// Why a reconcile stops early: to report and come back later, or an error.
 pub(super) enum Halt {
@@ -302,7 +259,7 @@ impl<'a> Run<'a> {
             }
             self.announce_provisioned().await;
         }
-        let Error::Proxmox(pve) = error else { return };
+        let Error::Own(pve) = error else { return };
         let shown = Reason::of_backoff(pve);
         if self.is_provisioned() || self.previous_reason().as_deref() == Some(shown.as_str()) {
             return;
@@ -485,17 +442,24 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconciler::ReconcileError;
 
     #[test]
     fn an_outage_backs_off_at_most_half_a_minute_a_refusal_as_usual() {
-        let outage = Error::Proxmox(ProxmoxError::Unavailable {
+        let outage = Error::from(ProxmoxError::Unavailable {
             status: 503,
             message: "Service Unavailable".into(),
         });
-        assert_eq!(outage.backoff_cap(), Some(TRANSIENT_BACKOFF_CAP));
+        assert_eq!(
+            outage.backoff_cap(),
+            Some(crate::proxmox::TRANSIENT_BACKOFF_CAP)
+        );
         let during_cleanup = Error::from(kube::runtime::finalizer::Error::CleanupFailed(outage));
-        assert_eq!(during_cleanup.backoff_cap(), Some(TRANSIENT_BACKOFF_CAP));
-        let refusal = Error::Proxmox(ProxmoxError::PermissionDenied {
+        assert_eq!(
+            during_cleanup.backoff_cap(),
+            Some(crate::proxmox::TRANSIENT_BACKOFF_CAP)
+        );
+        let refusal = Error::from(ProxmoxError::PermissionDenied {
             path: None,
             privilege: Some("VM.Clone".into()),
             message: "Permission check failed".into(),

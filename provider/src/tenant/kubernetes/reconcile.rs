@@ -21,7 +21,7 @@ use super::decide;
 use super::render;
 use super::status::{self, Reason, Report};
 use crate::capi::conditions::DesiredCondition;
-use crate::reconciler::{self, Context, ReconcileError};
+use crate::reconciler::{self, Context};
 use crate::tenant::pki;
 
 /// How often a cluster on its way up is looked at again.
@@ -29,31 +29,14 @@ const POLL: Duration = Duration::from_secs(2);
 /// How often a Ready cluster is looked at again.
 const RESYNC: Duration = Duration::from_secs(300);
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("certificates: {0}")]
-    Pki(#[from] pki::PkiError),
-    #[error("waiting: {0}")]
-    Waiting(String, Duration),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
+/// Reconcile errors: waits are deliberate, the rest back off.
+pub type Error = reconciler::Error<pki::PkiError>;
 
-impl ReconcileError for Error {
-    fn wait(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
-            _ => None,
-        }
-    }
-}
+impl reconciler::OwnError for pki::PkiError {}
 
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
-        Error::Finalizer(Box::new(error))
+impl From<pki::PkiError> for Error {
+    fn from(error: pki::PkiError) -> Self {
+        Error::Own(Box::new(error))
     }
 }
 

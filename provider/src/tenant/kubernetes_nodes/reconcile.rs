@@ -19,7 +19,7 @@ use super::decide;
 use super::observe;
 use super::render::{self as pool, POOL_LABEL, PoolNames};
 use super::status::{self, Reason};
-use crate::reconciler::{self, Context, ReconcileError};
+use crate::reconciler::{self, Context};
 use crate::tenant::kubernetes::act::delete_if_present;
 use crate::tenant::pki;
 use crate::tenant::talos::{self, WorkerTrust};
@@ -29,31 +29,8 @@ pub(super) const POLL: Duration = Duration::from_secs(5);
 /// How often a Ready pool is looked at again.
 const RESYNC: Duration = Duration::from_secs(300);
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("waiting: {0}")]
-    Waiting(String, Duration),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
-
-impl ReconcileError for Error {
-    fn wait(&self) -> Option<Duration> {
-        match self {
-            Error::Waiting(_, delay) => Some(*delay),
-            Error::Finalizer(inner) => reconciler::finalizer_wait(inner),
-            _ => None,
-        }
-    }
-}
-
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
-        Error::Finalizer(Box::new(error))
-    }
-}
+/// Reconcile errors: waits are deliberate, the rest back off.
+pub type Error = reconciler::Error;
 
 pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Action, Error> {
     let client = &ctx.client;
