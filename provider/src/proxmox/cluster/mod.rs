@@ -4,9 +4,13 @@
 //! exists), a preflight of the token's privileges against what the
 //! cluster's machines will need, where the machines run, and the v1beta2
 //! contract status. Deletion waits for the cluster's ProxmoxMachines.
+//! Reads in `observe.rs`, pure rules in `decide.rs`, writes in `act.rs`,
+//! the pass and its report in `reconcile.rs`.
 
+mod act;
 pub mod controller;
 pub mod decide;
+mod observe;
 mod reconcile;
 
 pub use controller::run;

@@ -1,51 +1,48 @@
 //! One reconcile of a ProxmoxCluster.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, Secret};
+use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tenantry_api::contract::{CLUSTER_NAME_LABEL, ClusterInitialization, READY_CONDITION};
-use tenantry_api::generated::capi::machine_deployment::MachineDeployment;
 use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
 use tenantry_api::proxmox::{
     GATEWAY_METRIC_ANNOTATION, IP_FAMILY_ANNOTATION, InClusterZoneRef, IpFamily,
-    PROXMOX_CREDENTIALS_FINALIZER, PROXMOX_ZONE_LABEL, ProxmoxCluster, ProxmoxClusterStatus,
-    ProxmoxMachine, ProxmoxMachineTemplate,
+    PROXMOX_ZONE_LABEL, ProxmoxCluster, ProxmoxClusterStatus, ProxmoxMachine,
 };
 
+use super::act::{hold_credentials, release_credentials};
 use super::decide::{self, PRIVILEGES_SUFFICIENT, PROXMOX_AVAILABLE, TOKEN_SCOPED, reason};
+use super::observe::{Preflight, preflight};
 use crate::capi::conditions::{self, DesiredCondition, Status};
 use crate::capi::{owner, pause};
-use crate::proxmox::client::{Permissions, ProxmoxClient, ProxmoxError, TaskWaitConfig};
+use crate::proxmox::client::ProxmoxError;
 use crate::proxmox::credentials::ClientCache;
 use crate::reconciler::{self, Context, FIELD_MANAGER};
 
 /// How often a ProxmoxCluster is looked at without any event.
-const RESYNC: Duration = Duration::from_secs(60);
+pub(super) const RESYNC: Duration = Duration::from_secs(60);
 /// How long a preflight result stands while nothing it depends on changes.
-const PREFLIGHT_TTL: Duration = Duration::from_secs(60);
+pub(super) const PREFLIGHT_TTL: Duration = Duration::from_secs(60);
 
 /// Reconcile errors: waits are deliberate, the rest back off.
 pub type Error = reconciler::Error<ProxmoxError>;
 
 /// The last preflight of each cluster: what it was computed from, when, and
 /// the conditions it gave.
-type PreflightCache = HashMap<String, (u64, Instant, Vec<DesiredCondition>)>;
+pub(super) type PreflightCache = HashMap<String, (u64, Instant, Vec<DesiredCondition>)>;
 
 /// What ProxmoxCluster reconciles share.
 pub struct ClusterContext {
     pub base: Arc<Context>,
     pub clients: ClientCache,
-    preflights: Mutex<PreflightCache>,
+    pub(super) preflights: Mutex<PreflightCache>,
 }
 
 impl ClusterContext {
@@ -324,211 +321,6 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
         }
     }
     Ok(Action::requeue(RESYNC))
-}
-
-enum Preflight {
-    /// The API cannot be used with these credentials: the condition says why.
-    Unavailable(DesiredCondition),
-    /// A passing failure.
-    Transient(ProxmoxError),
-}
-
-/// Probes the API and checks the token's permissions against what the
-/// cluster's machines need. Cached while inputs are unchanged, since every
-/// machine change wakes the cluster.
-async fn preflight(
-    ctx: &ClusterContext,
-    object: &ProxmoxCluster,
-    cluster_name: &str,
-    machines: &[ProxmoxMachine],
-) -> Result<Vec<DesiredCondition>, Preflight> {
-    let client = match ctx
-        .clients
-        .client_for(&ctx.base.client, object, &TaskWaitConfig::default())
-        .await
-    {
-        Ok(client) => client,
-        Err(error) => {
-            return Err(Preflight::Unavailable(DesiredCondition::false_(
-                PROXMOX_AVAILABLE,
-                error.reason(),
-                error.to_string(),
-            )));
-        }
-    };
-    let mut specs: Vec<tenantry_api::proxmox::ProxmoxMachineSpec> =
-        machines.iter().map(|m| m.spec.clone()).collect();
-    specs.extend(
-        template_specs(&ctx.base.client, object, cluster_name)
-            .await
-            .unwrap_or_default(),
-    );
-    let requirements = decide::requirements(&object.spec, specs.iter());
-    let key = reconciler::object_key(object);
-    let mut hasher = DefaultHasher::new();
-    requirements.hash(&mut hasher);
-    format!("{}{}", client.url(), client.token_id()).hash(&mut hasher);
-    let fingerprint = hasher.finish();
-    if let Some((cached, at, conditions)) =
-        ctx.preflights.lock().expect("preflight cache").get(&key)
-        && *cached == fingerprint
-        && at.elapsed() < PREFLIGHT_TTL
-    {
-        return Ok(conditions.clone());
-    }
-
-    let version = match client.version().await {
-        Ok(version) => version,
-        Err(error) if error.is_transient() => return Err(Preflight::Transient(error)),
-        Err(error) => {
-            return Err(Preflight::Unavailable(DesiredCondition::false_(
-                PROXMOX_AVAILABLE,
-                error.reason(),
-                format!("{}: {error}", client.url()),
-            )));
-        }
-    };
-    let permissions = read_permissions(&client, &decide::paths(&requirements))
-        .await
-        .map_err(Preflight::Transient)?;
-    let missing = decide::missing(&requirements, &permissions);
-    if !missing.is_empty() {
-        tracing::info!(cluster = %object.metadata.name.as_deref().unwrap_or_default(), missing = missing.len(), "the Proxmox token lacks privileges the machines need");
-    }
-    let conditions = vec![
-        DesiredCondition::true_(PROXMOX_AVAILABLE, reason::AVAILABLE).with_message(format!(
-            "Proxmox VE {} at {} as {}",
-            version.version,
-            client.url(),
-            client.token_id()
-        )),
-        decide::privileges_condition(&missing),
-        decide::scope_condition(&permissions),
-    ];
-    ctx.preflights
-        .lock()
-        .expect("preflight cache")
-        .insert(key, (fingerprint, Instant::now(), conditions.clone()));
-    Ok(conditions)
-}
-
-/// The token's own effective privileges on each path.
-async fn read_permissions(
-    client: &ProxmoxClient,
-    paths: &std::collections::BTreeSet<String>,
-) -> Result<Permissions, ProxmoxError> {
-    let mut all = Permissions::default();
-    for path in paths {
-        let answer = client.access().permissions(Some(path), None).await?;
-        all.0
-            .insert(path.clone(), answer.at(path).cloned().unwrap_or_default());
-    }
-    Ok(all)
-}
-
-/// The ProxmoxMachineTemplates the cluster's MachineDeployments stamp
-/// machines from (and those labelled with the cluster, as ClusterClass
-/// labels them): their machines do not exist yet but will need the same.
-async fn template_specs(
-    client: &kube::Client,
-    object: &ProxmoxCluster,
-    cluster_name: &str,
-) -> kube::Result<Vec<tenantry_api::proxmox::ProxmoxMachineSpec>> {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let templates: Api<ProxmoxMachineTemplate> = Api::namespaced(client.clone(), &namespace);
-    let mut names: Vec<String> = Api::<MachineDeployment>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|md| md.spec.cluster_name == cluster_name)
-        .map(|md| md.spec.template.spec.infrastructure_ref)
-        .filter(|r| r.kind == "ProxmoxMachineTemplate")
-        .map(|r| r.name)
-        .collect();
-    for template in templates
-        .list(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster_name}")))
-        .await?
-    {
-        names.extend(template.metadata.name);
-    }
-    names.sort();
-    names.dedup();
-    let mut specs = Vec::new();
-    for name in names {
-        if let Some(template) = templates.get_opt(&name).await? {
-            specs.push(template.spec.template.spec);
-        }
-    }
-    Ok(specs)
-}
-
-/// Adds tenantry's finalizer to the credentials Secret.
-async fn hold_credentials(client: &kube::Client, namespace: &str, name: &str) -> Result<(), Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let Some(secret) = secrets.get_opt(name).await? else {
-        return Ok(());
-    };
-    let mut finalizers = secret.metadata.finalizers.clone().unwrap_or_default();
-    if finalizers
-        .iter()
-        .any(|f| f == PROXMOX_CREDENTIALS_FINALIZER)
-        || secret.metadata.deletion_timestamp.is_some()
-    {
-        return Ok(());
-    }
-    finalizers.push(PROXMOX_CREDENTIALS_FINALIZER.to_string());
-    let patch = json!({ "metadata": { "resourceVersion": secret.metadata.resource_version, "finalizers": finalizers } });
-    match secrets
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Changed meanwhile: the next reconcile tries again.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// Removes tenantry's finalizer from the credentials Secret unless another
-/// ProxmoxCluster of the namespace still uses it.
-async fn release_credentials(client: &kube::Client, object: &ProxmoxCluster) -> Result<(), Error> {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let Ok(Some(name)) = object.spec.credentials_secret_name(&namespace) else {
-        return Ok(());
-    };
-    let others = Api::<ProxmoxCluster>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|c| {
-            c.metadata.uid != object.metadata.uid && c.metadata.deletion_timestamp.is_none()
-        })
-        .any(|c| c.spec.credentials_secret_name(&namespace).ok().flatten() == Some(name));
-    if others {
-        return Ok(());
-    }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let Some(secret) = secrets.get_opt(name).await? else {
-        return Ok(());
-    };
-    let finalizers: Vec<String> = secret.metadata.finalizers.clone().unwrap_or_default();
-    if !finalizers
-        .iter()
-        .any(|f| f == PROXMOX_CREDENTIALS_FINALIZER)
-    {
-        return Ok(());
-    }
-    let kept: Vec<&String> = finalizers
-        .iter()
-        .filter(|f| *f != PROXMOX_CREDENTIALS_FINALIZER)
-        .collect();
-    let patch = json!({ "metadata": { "resourceVersion": secret.metadata.resource_version, "finalizers": kept } });
-    secrets
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 /// Deletion waits for the cluster's ProxmoxMachines (they need the
