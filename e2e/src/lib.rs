@@ -17,6 +17,7 @@ pub mod clusterctl_template;
 pub mod control_plane;
 pub mod demo;
 pub mod kubevirt_upstream;
+pub mod logs;
 pub mod management;
 pub mod manifests;
 pub mod pki;
@@ -28,7 +29,9 @@ pub mod talos_check;
 pub mod tenantry;
 pub mod upstream;
 pub mod wait;
+pub mod world;
 
 pub use cluster_api::{ClusterApiManager, UpstreamManager};
 pub use control_plane::{ControlPlane, ControlPlaneOptions, PodSupport};
 pub use upstream::{Binary, Upstream};
+pub use world::{Kubevirt, World, WorldBuilder};

@@ -150,3 +150,25 @@ impl ServiceAccountKeys {
         })
     }
 }
+
+/// An HTTPS client that trusts only the CAs in `ca_pem`, as a client given
+/// a hypervisor's or webhook's CA bundle would.
+pub fn http_trusting(ca_pem: &str) -> reqwest::Client {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("add CA");
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .expect("HTTP client")
+}

@@ -3,7 +3,6 @@
 //! Talos template in a `templates` pool, and per tenant a pool, a user and
 //! a privilege-separated token with the least privileges tenantry needs.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -11,6 +10,7 @@ use tenantry_provider::proxmox::client::{
     ApiUrl, ClientConfig, Credentials, ProxmoxClient, TlsVerification,
 };
 
+use crate::pki::http_trusting;
 use crate::sim::proxmox::{
     ApiToken, NodeSpec, PveSimConfig, PveSimulator, StorageSpec, StorageType,
 };
@@ -222,26 +222,6 @@ impl PveLab {
         });
         ProxmoxClient::new(config).expect("client")
     }
-}
-
-pub fn http_trusting(ca_pem: &str) -> reqwest::Client {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .expect("HTTP client")
 }
 
 /// A worker of a tenant: cloned from the template into the tenant's pool

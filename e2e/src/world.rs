@@ -1,0 +1,547 @@
+//! One way to set up what an e2e test runs against: a management cluster
+//! (a real control plane) and whichever of its neighbours the test needs,
+//! started in one order and stopped in the reverse one.
+//!
+//! ```ignore
+//! let world = World::builder("management")
+//!     .cluster_api()
+//!     .ipam()
+//!     .pve(lab_config(&["tenant-a"]))
+//!     .tenantry()
+//!     .start()
+//!     .await;
+//! ```
+//!
+//! A part the builder was not asked for is absent; its accessor panics
+//! naming the part, so a test that forgot one fails at once and says why.
+
+use std::fmt::Debug;
+
+use kube::Resource;
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::Api;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tenantry_provider::reconciler::ManagerConfig;
+
+use crate::cluster_api::{ClusterApiManager, UpstreamManager};
+use crate::control_plane::{ControlPlane, ControlPlaneOptions};
+use crate::kubevirt_upstream::VirtApi;
+use crate::logs;
+use crate::pve_lab::PveLab;
+use crate::sim::kubevirt::{ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator};
+use crate::sim::proxmox::PveSimConfig;
+use crate::sim::tenant::{
+    EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator, TenantClusters,
+    TenantControlPlaneOptions,
+};
+use crate::tenantry::{TenantryManager, out_of_cluster};
+
+/// How KubeVirt is played.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kubevirt {
+    /// KubeVirt's own virt-api and virt-controller, the simulator for the
+    /// rest (kubelet, virt-handler, guests, CDI).
+    Real,
+    /// The simulator alone, its own virt-controller and migration included.
+    Simulated,
+}
+
+/// How tenantry's manager runs.
+#[derive(Clone, Debug)]
+struct TenantryPart {
+    config: ManagerConfig,
+    webhooks: bool,
+    /// The world's image factory becomes the default Talos image source.
+    factory_as_default: bool,
+}
+
+/// Kamaji's control planes for tenants, and what may come with them.
+#[derive(Clone, Debug)]
+struct TenantSide {
+    options: TenantControlPlaneOptions,
+    wait_for_data_stores: bool,
+    etcd: bool,
+    nodes: Option<NodeSimConfig>,
+}
+
+/// What [`World::start`] starts. Each part is off until asked for, except
+/// the control plane and tenantry's CRDs.
+#[must_use]
+pub struct WorldBuilder {
+    options: ControlPlaneOptions,
+    tenantry_crds: bool,
+    capture_logs: bool,
+    cluster_api: bool,
+    ipam: bool,
+    cabpt: bool,
+    virt_api: bool,
+    kubevirt: Option<(Kubevirt, KubevirtSimConfig)>,
+    image_factory: Option<ImageFactoryConfig>,
+    pve: Option<PveSimConfig>,
+    tenant_side: Option<TenantSide>,
+    tenantry: Option<TenantryPart>,
+}
+
+/// A running world. Field order is drop order: tenant kubelets and
+/// controllers stop before what they talk to, the control plane last.
+pub struct World {
+    nodes: Option<NodeSimulator>,
+    tenantry: Option<TenantryManager>,
+    cabpt: Option<UpstreamManager>,
+    etcd: Option<EtcdSimulator>,
+    kamaji: Option<KamajiControlPlaneSimulator>,
+    kubevirt: Option<KubevirtSimulator>,
+    virt_api: Option<VirtApi>,
+    factory: Option<ImageFactory>,
+    pve: Option<PveLab>,
+    ipam: Option<UpstreamManager>,
+    capi: Option<ClusterApiManager>,
+    control_plane: ControlPlane,
+}
+
+impl WorldBuilder {
+    /// Replaces the control plane's options (its name stays the builder's
+    /// unless `options` names another).
+    pub fn control_plane(mut self, options: ControlPlaneOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// No kube-controller-manager: nothing garbage-collects or deletes
+    /// namespaces. Starts faster, for tests of admission and schemas.
+    pub fn without_controller_manager(mut self) -> Self {
+        self.options.controller_manager = false;
+        self
+    }
+
+    /// Leaves tenantry's CRDs out (tests of installers that bring them).
+    pub fn without_tenantry_crds(mut self) -> Self {
+        self.tenantry_crds = false;
+        self
+    }
+
+    /// Captures everything this process logs (see [`logs`]), for tests
+    /// that check what tenantry writes to its log.
+    pub fn capture_logs(mut self) -> Self {
+        self.capture_logs = true;
+        self
+    }
+
+    /// The real Cluster API core manager.
+    pub fn cluster_api(mut self) -> Self {
+        self.cluster_api = true;
+        self
+    }
+
+    /// The real in-cluster IPAM provider.
+    pub fn ipam(mut self) -> Self {
+        self.ipam = true;
+        self
+    }
+
+    /// The real Talos bootstrap provider (CABPT).
+    pub fn cabpt(mut self) -> Self {
+        self.cabpt = true;
+        self
+    }
+
+    /// KubeVirt's own virt-api alone (its CRDs and admission webhooks).
+    pub fn virt_api(mut self) -> Self {
+        self.virt_api = true;
+        self
+    }
+
+    /// KubeVirt and CDI, played as `how` says.
+    pub fn kubevirt(mut self, how: Kubevirt, config: KubevirtSimConfig) -> Self {
+        self.kubevirt = Some((how, config));
+        self
+    }
+
+    /// A Talos image factory.
+    pub fn image_factory(mut self, config: ImageFactoryConfig) -> Self {
+        self.image_factory = Some(config);
+        self
+    }
+
+    /// The PVE simulator set up as a platform operator would
+    /// ([`PveLab`]).
+    pub fn pve(mut self, config: PveSimConfig) -> Self {
+        self.pve = Some(config);
+        self
+    }
+
+    /// Kamaji's control-plane side, simulated: a tenant control plane per
+    /// `KamajiControlPlane`.
+    pub fn kamaji(mut self, options: TenantControlPlaneOptions) -> Self {
+        self.tenant_side = Some(TenantSide {
+            options,
+            wait_for_data_stores: false,
+            etcd: false,
+            nodes: None,
+        });
+        self
+    }
+
+    /// As under Kamaji: no tenant control plane before its DataStore.
+    pub fn kamaji_waits_for_data_stores(mut self) -> Self {
+        self.tenant_side_mut().wait_for_data_stores = true;
+        self
+    }
+
+    /// etcd-operator's side, simulated.
+    pub fn etcd(mut self) -> Self {
+        self.tenant_side_mut().etcd = true;
+        self
+    }
+
+    /// The tenant nodes' kubelets, following the world's VMs (KubeVirt's or
+    /// the PVE simulator's).
+    pub fn nodes(mut self, config: NodeSimConfig) -> Self {
+        self.tenant_side_mut().nodes = Some(config);
+        self
+    }
+
+    fn tenant_side_mut(&mut self) -> &mut TenantSide {
+        self.tenant_side
+            .as_mut()
+            .expect("ask for .kamaji(…) before its companions")
+    }
+
+    /// Tenantry's manager as it runs outside a cluster.
+    pub fn tenantry(self) -> Self {
+        self.tenantry_with(out_of_cluster())
+    }
+
+    /// Tenantry's manager with these settings.
+    pub fn tenantry_with(mut self, config: ManagerConfig) -> Self {
+        self.tenantry = Some(TenantryPart {
+            config,
+            webhooks: false,
+            factory_as_default: false,
+        });
+        self
+    }
+
+    /// Tenantry's admission webhooks too, served and registered with the
+    /// apiserver by URL.
+    pub fn webhooks(mut self) -> Self {
+        self.tenantry_mut().webhooks = true;
+        self
+    }
+
+    /// As a platform without the public factory runs tenantry: the world's
+    /// image factory is the default of clusters that name none.
+    pub fn factory_as_default(mut self) -> Self {
+        self.tenantry_mut().factory_as_default = true;
+        self
+    }
+
+    fn tenantry_mut(&mut self) -> &mut TenantryPart {
+        self.tenantry.get_or_insert_with(|| TenantryPart {
+            config: out_of_cluster(),
+            webhooks: false,
+            factory_as_default: false,
+        })
+    }
+
+    /// Starts everything asked for; panics naming the part that failed.
+    pub async fn start(self) -> World {
+        if self.capture_logs {
+            logs::capture();
+        }
+        let control_plane = ControlPlane::start_with(self.options)
+            .await
+            .unwrap_or_else(|e| panic!("start control plane: {e:#}"));
+        let client = control_plane.client();
+        if self.tenantry_crds {
+            crate::manifests::apply_crds(&client, tenantry_api::crds::all())
+                .await
+                .unwrap_or_else(|e| panic!("install tenantry CRDs: {e:#}"));
+        }
+        let capi = match self.cluster_api {
+            true => Some(started(
+                "the Cluster API manager",
+                ClusterApiManager::start(&control_plane).await,
+            )),
+            false => None,
+        };
+        let ipam = match self.ipam {
+            true => Some(started(
+                "the in-cluster IPAM provider",
+                UpstreamManager::start_ipam_in_cluster(&control_plane).await,
+            )),
+            false => None,
+        };
+        let virt_api = match self.virt_api {
+            true => Some(started(
+                "virt-api",
+                VirtApi::start(&control_plane).await,
+            )),
+            false => None,
+        };
+        let kubevirt = match self.kubevirt {
+            Some((Kubevirt::Real, config)) => Some(started(
+                "KubeVirt (virt-api, virt-controller) and its simulator",
+                KubevirtSimulator::start_with_kubevirt(&control_plane, config).await,
+            )),
+            Some((Kubevirt::Simulated, config)) => Some(started(
+                "the KubeVirt simulator",
+                KubevirtSimulator::start(client.clone(), config).await,
+            )),
+            None => None,
+        };
+        let factory = match self.image_factory {
+            Some(config) => Some(started(
+                "the image factory",
+                ImageFactory::start(config).await,
+            )),
+            None => None,
+        };
+        let pve = match self.pve {
+            Some(config) => Some(PveLab::start(config).await),
+            None => None,
+        };
+        let (kamaji, etcd, nodes) = match self.tenant_side {
+            Some(side) => {
+                let tenants = TenantClusters::new();
+                let kamaji = started(
+                    "the Kamaji simulator",
+                    KamajiControlPlaneSimulator::start(
+                        client.clone(),
+                        tenants.clone(),
+                        side.options,
+                    )
+                    .await,
+                );
+                kamaji.wait_for_data_stores(side.wait_for_data_stores);
+                let etcd = match side.etcd {
+                    true => Some(started(
+                        "the etcd simulator",
+                        EtcdSimulator::start(client.clone()).await,
+                    )),
+                    false => None,
+                };
+                let nodes = side.nodes.map(|config| {
+                    let nodes = NodeSimulator::start(tenants, config);
+                    if kubevirt.is_some() {
+                        nodes.follow_kubevirt(client.clone());
+                    }
+                    if let Some(pve) = &pve {
+                        nodes.follow_proxmox(pve.sim.observer());
+                    }
+                    nodes
+                });
+                (Some(kamaji), etcd, nodes)
+            }
+            None => (None, None, None),
+        };
+        let cabpt = match self.cabpt {
+            true => Some(started(
+                "CABPT",
+                UpstreamManager::start_cabpt(&control_plane).await,
+            )),
+            false => None,
+        };
+        let tenantry = match self.tenantry {
+            Some(part) => {
+                let mut config = part.config;
+                if part.factory_as_default {
+                    let factory = factory
+                        .as_ref()
+                        .expect("factory_as_default needs .image_factory(…)");
+                    config.talos_image_factory_url =
+                        Some(factory.base_url().trim_end_matches('/').into());
+                }
+                Some(match part.webhooks {
+                    true => started(
+                        "tenantry with webhooks",
+                        TenantryManager::start_with_webhooks_and(&control_plane, config).await,
+                    ),
+                    false => TenantryManager::start_with(client, config),
+                })
+            }
+            None => None,
+        };
+        World {
+            nodes,
+            tenantry,
+            cabpt,
+            etcd,
+            kamaji,
+            kubevirt,
+            virt_api,
+            factory,
+            pve,
+            ipam,
+            capi,
+            control_plane,
+        }
+    }
+}
+
+fn started<T>(what: &str, result: anyhow::Result<T>) -> T {
+    result.unwrap_or_else(|e| panic!("start {what}: {e:#}"))
+}
+
+fn part<'a, T>(part: &'a Option<T>, what: &str) -> &'a T {
+    part.as_ref()
+        .unwrap_or_else(|| panic!("this world was built without {what}"))
+}
+
+fn part_mut<'a, T>(part: &'a mut Option<T>, what: &str) -> &'a mut T {
+    part.as_mut()
+        .unwrap_or_else(|| panic!("this world was built without {what}"))
+}
+
+impl World {
+    /// A world whose control plane is called `name`; nothing but it and
+    /// tenantry's CRDs until asked for.
+    pub fn builder(name: &str) -> WorldBuilder {
+        WorldBuilder {
+            options: ControlPlaneOptions {
+                name: name.into(),
+                ..Default::default()
+            },
+            tenantry_crds: true,
+            capture_logs: false,
+            cluster_api: false,
+            ipam: false,
+            cabpt: false,
+            virt_api: false,
+            kubevirt: None,
+            image_factory: None,
+            pve: None,
+            tenant_side: None,
+            tenantry: None,
+        }
+    }
+
+    /// An admin client of the management cluster.
+    pub fn client(&self) -> kube::Client {
+        self.control_plane.client()
+    }
+
+    /// A namespaced API of the management cluster.
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        Api::namespaced(self.client(), namespace)
+    }
+
+    /// Creates `document` in `namespace` (or where it names); panics with
+    /// the apiserver's answer if refused.
+    pub async fn create(&self, namespace: &str, document: Value) {
+        crate::manifests::create_object(&self.client(), &document, namespace)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.control_plane
+    }
+
+    pub fn control_plane_mut(&mut self) -> &mut ControlPlane {
+        &mut self.control_plane
+    }
+
+    pub fn capi(&self) -> &ClusterApiManager {
+        part(&self.capi, "the Cluster API manager")
+    }
+
+    pub fn ipam(&self) -> &UpstreamManager {
+        part(&self.ipam, "the IPAM provider")
+    }
+
+    pub fn cabpt(&self) -> &UpstreamManager {
+        part(&self.cabpt, "CABPT")
+    }
+
+    pub fn virt_api(&self) -> &VirtApi {
+        part(&self.virt_api, "virt-api")
+    }
+
+    pub fn kubevirt(&self) -> &KubevirtSimulator {
+        part(&self.kubevirt, "KubeVirt")
+    }
+
+    pub fn factory(&self) -> &ImageFactory {
+        part(&self.factory, "an image factory")
+    }
+
+    pub fn pve(&self) -> &PveLab {
+        part(&self.pve, "the PVE simulator")
+    }
+
+    pub fn kamaji(&self) -> &KamajiControlPlaneSimulator {
+        part(&self.kamaji, "Kamaji")
+    }
+
+    pub fn etcd(&self) -> &EtcdSimulator {
+        part(&self.etcd, "etcd-operator")
+    }
+
+    pub fn nodes(&self) -> &NodeSimulator {
+        part(&self.nodes, "tenant nodes")
+    }
+
+    pub fn tenantry(&self) -> &TenantryManager {
+        part(&self.tenantry, "tenantry")
+    }
+
+    pub fn tenantry_mut(&mut self) -> &mut TenantryManager {
+        part_mut(&mut self.tenantry, "tenantry")
+    }
+
+    /// Swaps the management side (control plane, Cluster API, IPAM,
+    /// tenantry) with `other`'s, as `clusterctl move` hands workers over;
+    /// `other` then holds the old side, to be stopped or dropped.
+    pub fn swap_management(&mut self, other: &mut World) {
+        std::mem::swap(&mut self.control_plane, &mut other.control_plane);
+        std::mem::swap(&mut self.capi, &mut other.capi);
+        std::mem::swap(&mut self.ipam, &mut other.ipam);
+        std::mem::swap(&mut self.tenantry, &mut other.tenantry);
+    }
+
+    /// The last lines of each upstream controller's log, and what the
+    /// simulated kubelets refused: what a failing test prints.
+    pub fn diagnostics(&self) -> String {
+        let mut text = String::new();
+        let mut section = |title: &str, body: String| {
+            if !body.trim().is_empty() {
+                text.push_str(&format!("\n---- {title} ----\n{body}"));
+            }
+        };
+        if let Some(capi) = &self.capi {
+            section("Cluster API manager log", capi.log_tail(40));
+        }
+        if let Some(ipam) = &self.ipam {
+            section("IPAM provider log", ipam.log_tail(20));
+        }
+        if let Some(cabpt) = &self.cabpt {
+            section("CABPT log", cabpt.log_tail(30));
+        }
+        if let Some(kubevirt) = &self.kubevirt {
+            section(
+                "virt-controller log",
+                kubevirt.virt_controller_log(30).unwrap_or_default(),
+            );
+        }
+        if let Some(nodes) = &self.nodes {
+            let refusals = nodes.join_refusals();
+            if !refusals.is_empty() {
+                section("kubelet join refusals", format!("{refusals:?}"));
+            }
+        }
+        text
+    }
+
+    /// Fails the test with `error` and [`Self::diagnostics`].
+    pub fn fail(&self, error: anyhow::Error) -> ! {
+        panic!("{error:#}{}", self.diagnostics())
+    }
+}
