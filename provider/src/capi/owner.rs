@@ -25,6 +25,19 @@ pub fn cluster_name(meta: &ObjectMeta) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// The name of the Cluster an infrastructure cluster belongs to: its
+/// owner Cluster (set by CAPI), else CAPI's cluster-name label.
+pub fn owning_cluster_name(meta: &ObjectMeta) -> Option<String> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|owner| {
+            owner.kind == "Cluster" && owner.api_version.split('/').next() == Some(CAPI_GROUP)
+        })
+        .map(|owner| owner.name.clone())
+        .or_else(|| cluster_name(meta).map(str::to_string))
+}
+
 /// Reads the owner Machine, if the object has one and it still exists.
 pub async fn get_owner_machine(
     client: &kube::Client,

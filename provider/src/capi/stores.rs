@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::owner;
+use super::pause::{PausedBy, paused_by};
 use super::{Cluster, Machine};
 
 /// Whether a store has listed once (it answers for "absent" only then).
@@ -69,5 +70,70 @@ impl CapiStores {
             return Ok(Some(cluster));
         }
         owner::get_cluster(client, namespace, name).await
+    }
+}
+
+/// The owners an infrastructure machine needs before it may act.
+#[derive(Clone, Debug)]
+pub struct Owners {
+    pub cluster_name: String,
+    pub cluster: Cluster,
+    pub owner_machine: Machine,
+}
+
+/// Why an infrastructure machine may not act yet, in the order the contract
+/// checks: pause first (so a paused cluster's new machines say so before
+/// Cluster API adopts them), then the owner Machine, its Cluster, and the
+/// Cluster's infrastructure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotYet {
+    Paused(PausedBy),
+    NoOwnerMachine,
+    NoCluster { name: String },
+    InfrastructureNotProvisioned { name: String },
+}
+
+impl CapiStores {
+    /// The owner Machine and Cluster of the infrastructure machine `meta`,
+    /// or what it still waits for. The Cluster named by the machine's label
+    /// is read first, so pause holds even without an owner Machine.
+    pub async fn owners(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        meta: &ObjectMeta,
+    ) -> kube::Result<Result<Owners, NotYet>> {
+        let labelled_cluster = owner::cluster_name(meta).map(str::to_string);
+        let mut cluster = match &labelled_cluster {
+            Some(name) => self.cluster(client, namespace, name).await?,
+            None => None,
+        };
+        if let Some(by) = paused_by(cluster.as_ref(), meta) {
+            return Ok(Err(NotYet::Paused(by)));
+        }
+        let Some(owner_machine) = self.owner_machine(client, meta).await? else {
+            return Ok(Err(NotYet::NoOwnerMachine));
+        };
+        let cluster_name =
+            labelled_cluster.unwrap_or_else(|| owner_machine.spec.cluster_name.clone());
+        if cluster.is_none() {
+            cluster = self.cluster(client, namespace, &cluster_name).await?;
+            if let Some(by) = paused_by(cluster.as_ref(), meta) {
+                return Ok(Err(NotYet::Paused(by)));
+            }
+        }
+        let Some(cluster) = cluster else {
+            return Ok(Err(NotYet::NoCluster { name: cluster_name }));
+        };
+        if !owner::infrastructure_provisioned(&cluster) {
+            return Ok(Err(NotYet::InfrastructureNotProvisioned {
+                name: cluster_name,
+            }));
+        }
+        Ok(Ok(Owners {
+            cluster_name,
+            cluster,
+            owner_machine,
+        }))
     }
 }

@@ -17,7 +17,8 @@ use super::reconcile::{Error, Halt, Run};
 use super::status::{BOOTSTRAP_EXEC_SUCCEEDED, Reason};
 use crate::capi::bootstrap::{self, BootstrapData, BootstrapState};
 use crate::capi::conditions::DesiredCondition;
-use crate::capi::{Cluster, Machine, owner, pause};
+use crate::capi::stores::{NotYet, Owners};
+use crate::capi::{Cluster, Machine, pause};
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::kubevirt::render::MachineRole;
 use crate::kubevirt::ssh::{self, SshKeyPair};
@@ -48,45 +49,41 @@ impl Run<'_> {
         let client = &self.ctx.base.client;
         let stores = &self.ctx.caches.capi;
         let machine = &self.machine;
-        let labelled_cluster = owner::cluster_name(&machine.metadata).map(str::to_string);
-        let mut cluster = match &labelled_cluster {
-            Some(name) => stores.cluster(client, &self.namespace, name).await?,
-            None => None,
-        };
-        if self.paused(cluster.as_ref()).await? {
-            return Ok(None);
-        }
-        let Some(owner_machine) = stores.owner_machine(client, &machine.metadata).await? else {
-            return Err(Halt::wait(
-                Reason::WaitingForOwnerMachine,
-                "no Machine owns this KubevirtMachine yet",
-                None,
-            ));
-        };
-        let cluster_name =
-            labelled_cluster.unwrap_or_else(|| owner_machine.spec.cluster_name.clone());
-        if cluster.is_none() {
-            cluster = stores
-                .cluster(client, &self.namespace, &cluster_name)
-                .await?;
-            if self.paused(cluster.as_ref()).await? {
+        let owners = stores
+            .owners(client, &self.namespace, &machine.metadata)
+            .await?;
+        let Owners {
+            cluster_name,
+            cluster,
+            owner_machine,
+        } = match owners {
+            Ok(owners) => owners,
+            Err(NotYet::Paused(by)) => {
+                self.report_paused(by).await?;
                 return Ok(None);
             }
-        }
-        let Some(cluster) = cluster else {
-            return Err(Halt::wait(
-                Reason::WaitingForCluster,
-                format!("Cluster {cluster_name} does not exist"),
-                Some(RESYNC),
-            ));
+            Err(NotYet::NoOwnerMachine) => {
+                return Err(Halt::wait(
+                    Reason::WaitingForOwnerMachine,
+                    "no Machine owns this KubevirtMachine yet",
+                    None,
+                ));
+            }
+            Err(NotYet::NoCluster { name }) => {
+                return Err(Halt::wait(
+                    Reason::WaitingForCluster,
+                    format!("Cluster {name} does not exist"),
+                    Some(RESYNC),
+                ));
+            }
+            Err(NotYet::InfrastructureNotProvisioned { name }) => {
+                return Err(Halt::wait(
+                    Reason::WaitingForClusterInfrastructure,
+                    format!("Cluster {name} infrastructure is not provisioned yet"),
+                    Some(RESYNC),
+                ));
+            }
         };
-        if !owner::infrastructure_provisioned(&cluster) {
-            return Err(Halt::wait(
-                Reason::WaitingForClusterInfrastructure,
-                format!("Cluster {cluster_name} infrastructure is not provisioned yet"),
-                Some(RESYNC),
-            ));
-        }
         let role = if [&machine.metadata, &owner_machine.metadata]
             .iter()
             .any(|m| {
@@ -169,8 +166,8 @@ impl Run<'_> {
     /// Pause, as the contract asks: the `Paused` condition and nothing else.
     pub(super) async fn paused(&self, cluster: Option<&Cluster>) -> Result<bool, Error> {
         let paused = pause::paused_by(cluster, &self.machine.metadata);
-        if paused.is_some() {
-            self.report_paused(paused).await?;
+        if let Some(by) = paused {
+            self.report_paused(by).await?;
         }
         Ok(paused.is_some())
     }

@@ -205,13 +205,13 @@ impl<'a> Run<'a> {
         }
     }
 
-    pub(super) async fn report_paused(&self, paused: Option<pause::PausedBy>) -> Result<(), Error> {
+    pub(super) async fn report_paused(&self, paused: pause::PausedBy) -> Result<(), Error> {
         let current = self.machine.status.clone();
         let mut status: KubevirtMachineStatus = current.clone().unwrap_or_default();
         let mut list = status.conditions.take().unwrap_or_default();
         conditions::set(
             &mut list,
-            &pause::paused_condition(paused),
+            &pause::paused_condition(Some(paused)),
             self.machine.metadata.generation,
             &Timestamp::now(),
         );

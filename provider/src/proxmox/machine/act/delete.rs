@@ -31,8 +31,8 @@ impl Run<'_> {
             }
             None => None,
         };
-        if pause::paused_by(cluster.as_ref(), &self.machine.metadata).is_some() {
-            self.paused(cluster.as_ref()).await?;
+        if let Some(by) = pause::paused_by(cluster.as_ref(), &self.machine.metadata) {
+            self.report_paused(by).await?;
             return Err(Error::Waiting(
                 "paused: deletion waits for unpause".into(),
                 Duration::from_secs(30),

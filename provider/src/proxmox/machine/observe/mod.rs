@@ -23,6 +23,7 @@ use super::reconcile::{Halt, Run, refused};
 use super::status::Reason;
 use crate::capi::bootstrap::{self, BootstrapData, BootstrapState};
 use crate::capi::conditions;
+use crate::capi::stores::{NotYet, Owners};
 use crate::capi::{Cluster, owner, pause};
 use crate::proxmox::client::{ProxmoxClient, ProxmoxError, Upid};
 use crate::proxmox::nocloud;
@@ -47,23 +48,20 @@ pub(super) struct Gates {
 
 impl Run<'_> {
     /// Pause, as the contract asks: the `Paused` condition and nothing else.
-    pub(super) async fn paused(
+    pub(super) async fn report_paused(
         &mut self,
-        cluster: Option<&Cluster>,
-    ) -> Result<bool, super::reconcile::Error> {
-        let paused = pause::paused_by(cluster, &self.machine.metadata);
-        if paused.is_some() {
-            let mut list = self.status.conditions.take().unwrap_or_default();
-            conditions::set(
-                &mut list,
-                &pause::paused_condition(paused),
-                self.machine.metadata.generation,
-                &Timestamp::now(),
-            );
-            self.status.conditions = Some(list);
-            self.persist().await?;
-        }
-        Ok(paused.is_some())
+        paused: pause::PausedBy,
+    ) -> Result<(), super::reconcile::Error> {
+        let mut list = self.status.conditions.take().unwrap_or_default();
+        conditions::set(
+            &mut list,
+            &pause::paused_condition(Some(paused)),
+            self.machine.metadata.generation,
+            &Timestamp::now(),
+        );
+        self.status.conditions = Some(list);
+        self.persist().await?;
+        Ok(())
     }
 
     /// The ProxmoxCluster of a Cluster (its infrastructure), or, without
@@ -124,49 +122,44 @@ impl Run<'_> {
 
     pub(super) async fn gates(&mut self) -> Result<Option<Gates>, Halt> {
         let client = self.ctx.base.client.clone();
-        let labelled_cluster = owner::cluster_name(&self.machine.metadata).map(str::to_string);
-        let stores = &self.ctx.caches.capi;
-        let mut cluster = match &labelled_cluster {
-            Some(name) => stores.cluster(&client, &self.namespace, name).await?,
-            None => None,
-        };
-        if self.paused(cluster.as_ref()).await? {
-            return Ok(None);
-        }
-        let Some(owner_machine) = stores
-            .owner_machine(&client, &self.machine.metadata)
-            .await?
-        else {
-            return Err(Halt::wait(
-                Reason::WaitingForOwnerMachine,
-                "no Machine owns this ProxmoxMachine yet",
-                None,
-            ));
-        };
-        let cluster_name =
-            labelled_cluster.unwrap_or_else(|| owner_machine.spec.cluster_name.clone());
-        if cluster.is_none() {
-            cluster = stores
-                .cluster(&client, &self.namespace, &cluster_name)
-                .await?;
-            if self.paused(cluster.as_ref()).await? {
+        let owners = self
+            .ctx
+            .caches
+            .capi
+            .owners(&client, &self.namespace, &self.machine.metadata)
+            .await?;
+        let Owners {
+            cluster_name,
+            cluster,
+            owner_machine,
+        } = match owners {
+            Ok(owners) => owners,
+            Err(NotYet::Paused(by)) => {
+                self.report_paused(by).await?;
                 return Ok(None);
             }
-        }
-        let Some(cluster) = cluster else {
-            return Err(Halt::wait(
-                Reason::WaitingForCluster,
-                format!("Cluster {cluster_name} does not exist"),
-                Some(RESYNC),
-            ));
+            Err(NotYet::NoOwnerMachine) => {
+                return Err(Halt::wait(
+                    Reason::WaitingForOwnerMachine,
+                    "no Machine owns this ProxmoxMachine yet",
+                    None,
+                ));
+            }
+            Err(NotYet::NoCluster { name }) => {
+                return Err(Halt::wait(
+                    Reason::WaitingForCluster,
+                    format!("Cluster {name} does not exist"),
+                    Some(RESYNC),
+                ));
+            }
+            Err(NotYet::InfrastructureNotProvisioned { name }) => {
+                return Err(Halt::wait(
+                    Reason::WaitingForClusterInfrastructure,
+                    format!("Cluster {name} infrastructure is not provisioned yet"),
+                    Some(RESYNC),
+                ));
+            }
         };
-        if !owner::infrastructure_provisioned(&cluster) {
-            return Err(Halt::wait(
-                Reason::WaitingForClusterInfrastructure,
-                format!("Cluster {cluster_name} infrastructure is not provisioned yet"),
-                Some(RESYNC),
-            ));
-        }
         let Some(proxmox_cluster) = self.proxmox_cluster(Some(&cluster), &cluster_name).await?
         else {
             return Err(Halt::wait(
