@@ -1,5 +1,8 @@
 use super::*;
+use crate::kubevirt::render::ROLE_LABEL;
+use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceStatus};
+use tenantry_api::contract::{ApiEndpoint, CLUSTER_NAME_LABEL};
 
 fn service(type_: &str, cluster_ip: &str, ingress: Option<&str>) -> Service {
     Service {
@@ -46,4 +49,72 @@ fn cluster_ip_and_load_balancer_addresses() {
     )
     .unwrap();
     assert_eq!(lb.host, "192.0.2.7");
+}
+
+fn kubevirt_cluster(template: serde_json::Value) -> KubevirtCluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "KubevirtCluster",
+        "metadata": { "name": "demo", "namespace": "tenant", "uid": "u-1" },
+        "spec": { "controlPlaneServiceTemplate": template },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_control_plane_service_follows_the_template_and_owner_rules() {
+    // (template, infrastructure cluster external, type, owned, annotation)
+    let cases = [
+        (serde_json::json!({}), false, "ClusterIP", true, None),
+        (
+            serde_json::json!({ "spec": { "type": "LoadBalancer" }, "metadata": { "annotations": { "lb": "internal" } } }),
+            false,
+            "LoadBalancer",
+            true,
+            Some("internal"),
+        ),
+        (
+            serde_json::json!({ "spec": { "type": "NodePort" } }),
+            true,
+            "NodePort",
+            false,
+            None,
+        ),
+    ];
+    for (template, external, type_, owned, annotation) in cases {
+        let service = decide::control_plane_service(
+            &kubevirt_cluster(template.clone()),
+            "demo",
+            "infra-ns",
+            external,
+        );
+        let spec = service.spec.as_ref().unwrap();
+        assert_eq!(spec.type_.as_deref(), Some(type_), "{template}");
+        assert_eq!(service.metadata.name.as_deref(), Some("demo-lb"));
+        assert_eq!(service.metadata.namespace.as_deref(), Some("infra-ns"));
+        assert_eq!(
+            service
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| !o.is_empty()),
+            owned,
+            "{template}, external {external}"
+        );
+        assert_eq!(
+            service
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("lb"))
+                .map(String::as_str),
+            annotation
+        );
+        let selector = spec.selector.as_ref().unwrap();
+        assert_eq!(selector[ROLE_LABEL], "control-plane");
+        assert_eq!(selector[CLUSTER_NAME_LABEL], "demo");
+        let labels = service.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[KUBEVIRT_CLUSTER_LABEL], "demo");
+        assert_eq!(spec.ports.as_ref().unwrap()[0].port, API_SERVER_PORT);
+    }
 }

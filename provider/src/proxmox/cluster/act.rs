@@ -1,12 +1,15 @@
 //! What a ProxmoxCluster reconcile writes besides its status: the
-//! finalizer that holds its credentials Secret while machines need it.
+//! finalizer that holds its credentials Secret while machines need it, and
+//! the machines' InClusterIPPools.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
+use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
 use tenantry_api::proxmox::{PROXMOX_CREDENTIALS_FINALIZER, ProxmoxCluster};
 
 use super::reconcile::*;
+use crate::reconciler::FIELD_MANAGER;
 
 /// Adds tenantry's finalizer to the credentials Secret.
 pub(super) async fn hold_credentials(
@@ -81,4 +84,55 @@ pub(super) async fn release_credentials(
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+/// Server-side applies the cluster's InClusterIPPools.
+pub(super) async fn apply_pools(
+    client: &kube::Client,
+    namespace: &str,
+    pools: &[InClusterIpPool],
+) -> Result<(), kube::Error> {
+    let api: Api<InClusterIpPool> = Api::namespaced(client.clone(), namespace);
+    for pool in pools {
+        let name = pool.metadata.name.as_deref().unwrap_or_default();
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(pool),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes the InClusterIPPools the ProxmoxCluster `owner_uid` owns; the
+/// names of those not gone yet.
+pub(super) async fn delete_owned_pools(
+    client: &kube::Client,
+    namespace: &str,
+    owner_uid: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let pools: Api<InClusterIpPool> = Api::namespaced(client.clone(), namespace);
+    let mut left = Vec::new();
+    for pool in pools.list(&ListParams::default()).await? {
+        let owned = pool
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == owner_uid);
+        if !owned {
+            continue;
+        }
+        let pool_name = pool.metadata.name.clone().unwrap_or_default();
+        if pool.metadata.deletion_timestamp.is_none() {
+            match pools.delete(&pool_name, &DeleteParams::background()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        left.push(pool_name);
+    }
+    Ok(left)
 }

@@ -154,3 +154,15 @@ pub(super) async fn template_specs(
     }
     Ok(specs)
 }
+
+/// The ProxmoxMachines of the cluster `cluster_name`.
+pub(super) async fn cluster_machines(
+    client: &kube::Client,
+    namespace: &str,
+    cluster_name: &str,
+) -> Result<Vec<ProxmoxMachine>, kube::Error> {
+    Ok(Api::<ProxmoxMachine>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster_name}")))
+        .await?
+        .items)
+}

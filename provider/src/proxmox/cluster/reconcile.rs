@@ -1,30 +1,27 @@
 //! One reconcile of a ProxmoxCluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use tenantry_api::contract::{CLUSTER_NAME_LABEL, ClusterInitialization, READY_CONDITION};
+use tenantry_api::contract::READY_CONDITION;
 use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
-use tenantry_api::proxmox::{
-    GATEWAY_METRIC_ANNOTATION, IP_FAMILY_ANNOTATION, InClusterZoneRef, IpFamily,
-    PROXMOX_ZONE_LABEL, ProxmoxCluster, ProxmoxClusterStatus, ProxmoxMachine,
-};
+use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine};
 
-use super::act::{hold_credentials, release_credentials};
-use super::decide::{self, PRIVILEGES_SUFFICIENT, PROXMOX_AVAILABLE, TOKEN_SCOPED, reason};
-use super::observe::{Preflight, preflight};
-use crate::capi::conditions::{self, DesiredCondition, Status};
+use super::act::{apply_pools, delete_owned_pools, hold_credentials, release_credentials};
+use super::decide::{self, PROXMOX_AVAILABLE, reason};
+use super::observe::{Preflight, cluster_machines, preflight};
+use super::status::{Report, report};
+use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::{owner, pause};
 use crate::proxmox::client::ProxmoxError;
 use crate::proxmox::credentials::ClientCache;
-use crate::reconciler::{self, Context, FIELD_MANAGER};
+use crate::reconciler::{self, Context};
 
 /// How often a ProxmoxCluster is looked at without any event.
 pub(super) const RESYNC: Duration = Duration::from_secs(60);
@@ -58,30 +55,7 @@ impl ClusterContext {
 /// The name of the Cluster a ProxmoxCluster belongs to: its owner, else
 /// CAPI's label.
 pub fn owner_cluster_name(object: &ProxmoxCluster) -> Option<String> {
-    object
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "Cluster" && o.api_version.starts_with("cluster.x-k8s.io/"))
-        .map(|o| o.name.clone())
-        .or_else(|| owner::cluster_name(&object.metadata).map(str::to_string))
-}
-
-/// The outcome a reconcile reports.
-#[derive(Default)]
-struct Report {
-    conditions: Vec<DesiredCondition>,
-    provisioned: Option<bool>,
-}
-
-impl Report {
-    fn not_ready(reason: &str, message: impl Into<String>) -> Self {
-        Self {
-            conditions: vec![DesiredCondition::false_(READY_CONDITION, reason, message)],
-            provisioned: None,
-        }
-    }
+    owner::owning_cluster_name(&object.metadata)
 }
 
 pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<Action, Error> {
@@ -154,70 +128,16 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
             return Ok(Action::requeue(RESYNC));
         }
     };
-    let pool_api: Api<InClusterIpPool> = Api::namespaced(client.clone(), &namespace);
-    let mut default_refs = Vec::new();
-    let mut zone_refs: BTreeMap<String, InClusterZoneRef> = BTreeMap::new();
-    for pool in &pools {
-        let mut labels = BTreeMap::from([(CLUSTER_NAME_LABEL.to_string(), cluster_name.clone())]);
-        if let Some(zone) = &pool.zone {
-            labels.insert(PROXMOX_ZONE_LABEL.to_string(), zone.clone());
-        }
-        let desired = InClusterIpPool {
-            metadata: ObjectMeta {
-                name: Some(pool.name.clone()),
-                namespace: Some(namespace.clone()),
-                labels: Some(labels),
-                annotations: Some(BTreeMap::from([
-                    (
-                        IP_FAMILY_ANNOTATION.to_string(),
-                        pool.family.annotation_value().to_string(),
-                    ),
-                    (
-                        GATEWAY_METRIC_ANNOTATION.to_string(),
-                        pool.gateway_metric.to_string(),
-                    ),
-                ])),
-                owner_references: object.controller_owner_ref(&()).map(|o| vec![o]),
-                ..Default::default()
-            },
-            spec: pool.spec.clone(),
-            status: None,
-        };
-        pool_api
-            .patch(
-                &pool.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&desired),
-            )
-            .await?;
-        let reference = LocalObjectReference {
-            name: pool.name.clone(),
-        };
-        match &pool.zone {
-            None => default_refs.push(reference),
-            Some(zone) => {
-                let entry = zone_refs
-                    .entry(zone.clone())
-                    .or_insert_with(|| InClusterZoneRef {
-                        zone: zone.clone(),
-                        ..Default::default()
-                    });
-                match pool.family {
-                    IpFamily::V4 => entry.in_cluster_ip_pool_ref_v4 = Some(reference),
-                    IpFamily::V6 => entry.in_cluster_ip_pool_ref_v6 = Some(reference),
-                }
-            }
-        }
-    }
-    status.in_cluster_ip_pool_ref = (!default_refs.is_empty()).then_some(default_refs);
-    status.in_cluster_zone_ref = (!zone_refs.is_empty()).then(|| zone_refs.into_values().collect());
+    let owner = object.controller_owner_ref(&());
+    let desired: Vec<InClusterIpPool> = pools
+        .iter()
+        .map(|pool| decide::pool_object(pool, &namespace, &cluster_name, owner.clone()))
+        .collect();
+    apply_pools(client, &namespace, &desired).await?;
+    (status.in_cluster_ip_pool_ref, status.in_cluster_zone_ref) = decide::pool_references(&pools);
 
     // Where the machines run.
-    let machines: Vec<ProxmoxMachine> =
-        Api::<ProxmoxMachine>::namespaced(client.clone(), &namespace)
-            .list(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster_name}")))
-            .await?
-            .items;
+    let machines = cluster_machines(client, &namespace, &cluster_name).await?;
     let refs: Vec<&ProxmoxMachine> = machines.iter().collect();
     status.node_locations = decide::node_locations(&refs);
 
@@ -258,39 +178,15 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
         .as_ref()
         .is_some_and(|e| e.is_set());
     let external = object.spec.external_managed_control_plane.unwrap_or(false);
-    let ready = if !available {
-        let condition = &proxmox_conditions[0];
-        DesiredCondition::false_(
-            READY_CONDITION,
-            condition.reason.clone(),
-            condition.message.clone(),
-        )
-    } else if !endpoint_set && !external {
-        DesiredCondition::false_(
-            READY_CONDITION,
-            reason::WAITING_FOR_ENDPOINT,
-            "spec.controlPlaneEndpoint is not set (set it, or externalManagedControlPlane for a control plane provider that sets it)",
-        )
-    } else {
-        DesiredCondition::true_(READY_CONDITION, reason::PROVISIONED)
-    };
+    let ready = decide::ready_condition(
+        (!available).then(|| &proxmox_conditions[0]),
+        endpoint_set,
+        external,
+    );
     let provisioned = ready.is_true();
     proxmox_conditions.push(ready);
     proxmox_conditions.push(pause::paused_condition(None));
-    // Warn once per change, not once per reconcile.
-    let before: Vec<(String, String)> = proxmox_conditions
-        .iter()
-        .map(|c| {
-            let previous = status
-                .conditions
-                .as_deref()
-                .and_then(|list| conditions::get(list, c.type_));
-            (
-                previous.map(|p| p.status.clone()).unwrap_or_default(),
-                previous.map(|p| p.reason.clone()).unwrap_or_default(),
-            )
-        })
-        .collect();
+    let previous = status.conditions.clone().unwrap_or_default();
     report(
         &api,
         &object,
@@ -301,24 +197,15 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
         },
     )
     .await?;
-    for (condition, (status_before, reason_before)) in proxmox_conditions.iter().zip(before) {
-        let warned_type = matches!(
-            condition.type_,
-            TOKEN_SCOPED | PRIVILEGES_SUFFICIENT | PROXMOX_AVAILABLE
-        );
-        let warn = warned_type
-            && condition.status == Status::False
-            && (status_before != "False" || reason_before != condition.reason);
-        if warn {
-            ctx.base
-                .event(
-                    object.as_ref(),
-                    EventType::Warning,
-                    &condition.reason,
-                    condition.message.clone(),
-                )
-                .await;
-        }
+    for condition in decide::new_warnings(&proxmox_conditions, &previous) {
+        ctx.base
+            .event(
+                object.as_ref(),
+                EventType::Warning,
+                &condition.reason,
+                condition.message.clone(),
+            )
+            .await;
     }
     Ok(Action::requeue(RESYNC))
 }
@@ -331,12 +218,9 @@ pub async fn cleanup(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Resul
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let api: Api<ProxmoxCluster> = Api::namespaced(client.clone(), &namespace);
     if let Some(cluster_name) = owner_cluster_name(&object) {
-        let machines = Api::<ProxmoxMachine>::namespaced(client.clone(), &namespace)
-            .list(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster_name}")))
-            .await?;
-        if !machines.items.is_empty() {
+        let machines = cluster_machines(client, &namespace, &cluster_name).await?;
+        if !machines.is_empty() {
             let names: Vec<String> = machines
-                .items
                 .iter()
                 .filter_map(|m| m.metadata.name.clone())
                 .collect();
@@ -356,29 +240,8 @@ pub async fn cleanup(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Resul
             return Err(Error::Waiting(message, Duration::from_secs(2)));
         }
     }
-    let pools: Api<InClusterIpPool> = Api::namespaced(client.clone(), &namespace);
     let uid = object.metadata.uid.clone().unwrap_or_default();
-    let mut left = Vec::new();
-    for pool in pools.list(&ListParams::default()).await? {
-        let owned = pool
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.uid == uid);
-        if !owned {
-            continue;
-        }
-        let pool_name = pool.metadata.name.clone().unwrap_or_default();
-        if pool.metadata.deletion_timestamp.is_none() {
-            match pools.delete(&pool_name, &DeleteParams::background()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => continue,
-                Err(error) => return Err(error.into()),
-            }
-        }
-        left.push(pool_name);
-    }
+    let left = delete_owned_pools(client, &namespace, &uid).await?;
     if !left.is_empty() {
         let message = format!(
             "waiting for InClusterIPPools {} to be deleted",
@@ -389,31 +252,4 @@ pub async fn cleanup(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Resul
     release_credentials(client, &object).await?;
     tracing::info!(cluster = object.metadata.name.as_deref().unwrap_or_default(), %namespace, "ProxmoxCluster cleaned up");
     Ok(Action::await_change())
-}
-
-async fn report(
-    api: &Api<ProxmoxCluster>,
-    object: &ProxmoxCluster,
-    mut status: ProxmoxClusterStatus,
-    outcome: Report,
-) -> Result<(), Error> {
-    let now = Timestamp::now();
-    let mut list = status.conditions.take().unwrap_or_default();
-    for condition in &outcome.conditions {
-        conditions::set(&mut list, condition, object.metadata.generation, &now);
-    }
-    status.conditions = Some(list);
-    if outcome.provisioned == Some(true) {
-        // Provisioning is recorded once and never taken back (v1beta2).
-        status.ready = true;
-        status.initialization = Some(ClusterInitialization {
-            provisioned: Some(true),
-        });
-    } else if status.initialization.is_none() {
-        status.initialization = Some(ClusterInitialization {
-            provisioned: Some(false),
-        });
-    }
-    reconciler::apply_status(api, object, object.status.as_ref(), &status).await?;
-    Ok(())
 }
