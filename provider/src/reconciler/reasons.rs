@@ -54,6 +54,9 @@ macro_rules! reasons {
         }
 
         /// Whether a condition reason deserves a Warning event.
+        // Not every controller asks by text (ProxmoxCluster warns by
+        // condition type).
+        #[allow(dead_code)]
         pub fn is_failure(reason: &str) -> bool {
             Reason::parse(reason).is_some_and(Reason::is_failure)
         }

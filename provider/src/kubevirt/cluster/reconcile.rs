@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::act::{bridge_external_contract, ensure_ssh_keys};
 use super::decide::{self, endpoint_from};
-use super::status::report;
+use super::status::{Reason, report};
 use super::{ClusterContext, Error, LOAD_BALANCER_AVAILABLE, service_name};
 use crate::capi::conditions::DesiredCondition;
 use crate::capi::{owner, pause};
@@ -67,7 +67,7 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
             &object,
             vec![DesiredCondition::false_(
                 READY_CONDITION,
-                "WaitingForOwnerCluster",
+                Reason::WaitingForOwnerCluster.as_str(),
                 "no Cluster owns this KubevirtCluster yet",
             )],
             None,
@@ -120,7 +120,7 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
                 &object,
                 vec![DesiredCondition::false_(
                     READY_CONDITION,
-                    "InfraClusterUnavailable",
+                    Reason::InfraClusterUnavailable.as_str(),
                     error.to_string(),
                 )],
                 None,
@@ -151,7 +151,7 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
             vec![
                 DesiredCondition::false_(
                     LOAD_BALANCER_AVAILABLE,
-                    "WaitingForLoadBalancer",
+                    Reason::WaitingForLoadBalancer.as_str(),
                     format!(
                         "Service {}/{} has no address yet",
                         infra.namespace,
@@ -160,7 +160,7 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
                 ),
                 DesiredCondition::false_(
                     READY_CONDITION,
-                    "WaitingForLoadBalancer",
+                    Reason::WaitingForLoadBalancer.as_str(),
                     "the control-plane Service has no address yet",
                 ),
             ],
@@ -181,8 +181,11 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
         &api,
         &object,
         vec![
-            DesiredCondition::true_(LOAD_BALANCER_AVAILABLE, "LoadBalancerAvailable"),
-            DesiredCondition::true_(READY_CONDITION, "Provisioned"),
+            DesiredCondition::true_(
+                LOAD_BALANCER_AVAILABLE,
+                Reason::LoadBalancerAvailable.as_str(),
+            ),
+            DesiredCondition::true_(READY_CONDITION, Reason::Provisioned.as_str()),
             pause::paused_condition(None),
         ],
         Some(true),

@@ -1,5 +1,6 @@
-//! What a KubevirtCluster reports: its conditions, and whether it is
-//! provisioned (v1beta1 `ready` and v1beta2 `initialization`).
+//! What a KubevirtCluster reports: one [`Reason`] per state of its
+//! conditions, and whether it is provisioned (v1beta1 `ready` and v1beta2
+//! `initialization`).
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -9,6 +10,15 @@ use tenantry_api::kubevirt::{KubevirtCluster, KubevirtClusterStatus};
 use super::Error;
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::reconciler;
+use crate::reconciler::reasons::reasons;
+
+reasons! {
+    WaitingForOwnerCluster = "WaitingForOwnerCluster", Progress;
+    InfraClusterUnavailable = "InfraClusterUnavailable", Failure;
+    WaitingForLoadBalancer = "WaitingForLoadBalancer", Progress;
+    LoadBalancerAvailable = "LoadBalancerAvailable", Progress;
+    Provisioned = "Provisioned", Progress;
+}
 
 pub(super) async fn report(
     api: &Api<KubevirtCluster>,

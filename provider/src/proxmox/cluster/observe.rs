@@ -11,7 +11,7 @@ use tenantry_api::contract::CLUSTER_NAME_LABEL;
 use tenantry_api::generated::capi::machine_deployment::MachineDeployment;
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate};
 
-use super::decide::{self, PROXMOX_AVAILABLE, reason};
+use super::decide::{self, PROXMOX_AVAILABLE, Reason};
 use crate::capi::conditions::DesiredCondition;
 use crate::proxmox::client::{Permissions, ProxmoxClient, ProxmoxError, TaskWaitConfig};
 use crate::reconciler::{self};
@@ -88,12 +88,14 @@ pub(super) async fn preflight(
         tracing::info!(cluster = %object.metadata.name.as_deref().unwrap_or_default(), missing = missing.len(), "the Proxmox token lacks privileges the machines need");
     }
     let conditions = vec![
-        DesiredCondition::true_(PROXMOX_AVAILABLE, reason::AVAILABLE).with_message(format!(
-            "Proxmox VE {} at {} as {}",
-            version.version,
-            client.url(),
-            client.token_id()
-        )),
+        DesiredCondition::true_(PROXMOX_AVAILABLE, Reason::Available.as_str()).with_message(
+            format!(
+                "Proxmox VE {} at {} as {}",
+                version.version,
+                client.url(),
+                client.token_id()
+            ),
+        ),
         decide::privileges_condition(&missing),
         decide::scope_condition(&permissions),
     ];

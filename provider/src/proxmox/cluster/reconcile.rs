@@ -14,7 +14,7 @@ use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine};
 
 use super::act::{apply_pools, delete_owned_pools, hold_credentials, release_credentials};
-use super::decide::{self, PROXMOX_AVAILABLE, reason};
+use super::decide::{self, PROXMOX_AVAILABLE, Reason};
 use super::observe::{Preflight, cluster_machines, preflight};
 use super::status::{Report, report};
 use crate::capi::conditions::{self, DesiredCondition};
@@ -71,7 +71,7 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
             &object,
             status,
             Report::not_ready(
-                reason::WAITING_FOR_OWNER_CLUSTER,
+                Reason::WaitingForOwnerCluster.as_str(),
                 "no Cluster owns this ProxmoxCluster yet",
             ),
         )
@@ -106,7 +106,7 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
                 &api,
                 &object,
                 status,
-                Report::not_ready(reason::INVALID_ADDRESS_POOL, message.clone()),
+                Report::not_ready(Reason::InvalidAddressPool.as_str(), message.clone()),
             )
             .await?;
             let previous = object
@@ -115,12 +115,12 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
                 .and_then(|s| s.conditions.as_deref())
                 .and_then(|c| conditions::get(c, READY_CONDITION))
                 .map(|c| c.reason.as_str());
-            if previous != Some(reason::INVALID_ADDRESS_POOL) {
+            if previous != Some(Reason::InvalidAddressPool.as_str()) {
                 ctx.base
                     .event(
                         object.as_ref(),
                         EventType::Warning,
-                        reason::INVALID_ADDRESS_POOL,
+                        Reason::InvalidAddressPool.as_str(),
                         message,
                     )
                     .await;
@@ -234,7 +234,7 @@ pub async fn cleanup(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Resul
                 &api,
                 &object,
                 status,
-                Report::not_ready(reason::DELETING, message.clone()),
+                Report::not_ready(Reason::Deleting.as_str(), message.clone()),
             )
             .await?;
             return Err(Error::Waiting(message, Duration::from_secs(2)));

@@ -1,5 +1,6 @@
-//! What a ProxmoxCluster reports: its conditions, and provisioning, which
-//! is recorded once and never taken back (v1beta2).
+//! What a ProxmoxCluster reports: one [`Reason`] per fixed state of its
+//! conditions (the hypervisor's refusals carry the client's own reasons),
+//! and provisioning, which is recorded once and never taken back (v1beta2).
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -9,6 +10,23 @@ use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxClusterStatus};
 use super::reconcile::Error;
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::reconciler;
+use crate::reconciler::reasons::reasons;
+
+reasons! {
+    WaitingForOwnerCluster = "WaitingForOwnerCluster", Progress;
+    InvalidAddressPool = "InvalidAddressPool", Failure;
+    WaitingForEndpoint = "WaitingForControlPlaneEndpoint", Progress;
+    /// `ProxmoxAvailable`: the PVE API answers with the credentials.
+    Available = "Available", Progress;
+    AllPrivilegesHeld = "AllPrivilegesHeld", Progress;
+    /// `PrivilegesSufficient` False; warned of through its condition type.
+    MissingPrivileges = "MissingPrivileges", Failure;
+    Scoped = "ScopedToTenant", Progress;
+    /// `TokenScoped` False: a warning, not a failure of the cluster.
+    ReachesEveryVm = "TokenReachesEveryVM", Progress;
+    Provisioned = "Provisioned", Progress;
+    Deleting = "Deleting", Progress;
+}
 
 /// The outcome a reconcile reports.
 #[derive(Default)]

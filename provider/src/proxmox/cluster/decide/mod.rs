@@ -28,19 +28,7 @@ pub const PRIVILEGES_SUFFICIENT: &str = "PrivilegesSufficient";
 /// storages (False is a warning, not a failure).
 pub const TOKEN_SCOPED: &str = "TokenScoped";
 
-/// Reasons of a ProxmoxCluster's conditions.
-pub mod reason {
-    pub const WAITING_FOR_OWNER_CLUSTER: &str = "WaitingForOwnerCluster";
-    pub const INVALID_ADDRESS_POOL: &str = "InvalidAddressPool";
-    pub const WAITING_FOR_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
-    pub const AVAILABLE: &str = "Available";
-    pub const ALL_PRIVILEGES_HELD: &str = "AllPrivilegesHeld";
-    pub const MISSING_PRIVILEGES: &str = "MissingPrivileges";
-    pub const SCOPED: &str = "ScopedToTenant";
-    pub const REACHES_EVERY_VM: &str = "TokenReachesEveryVM";
-    pub const PROVISIONED: &str = "Provisioned";
-    pub const DELETING: &str = "Deleting";
-}
+pub use super::status::Reason;
 
 /// The local bridges' SDN zone, which PVE checks `SDN.Use` on.
 const LOCAL_NETWORK_ZONE: &str = "/sdn/zones/localnetwork";
@@ -172,7 +160,7 @@ pub fn missing(
 /// by path.
 pub fn privileges_condition(missing: &[Requirement]) -> DesiredCondition {
     if missing.is_empty() {
-        return DesiredCondition::true_(PRIVILEGES_SUFFICIENT, reason::ALL_PRIVILEGES_HELD);
+        return DesiredCondition::true_(PRIVILEGES_SUFFICIENT, Reason::AllPrivilegesHeld.as_str());
     }
     let mut by_path: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for requirement in missing {
@@ -187,7 +175,7 @@ pub fn privileges_condition(missing: &[Requirement]) -> DesiredCondition {
         .collect();
     DesiredCondition::false_(
         PRIVILEGES_SUFFICIENT,
-        reason::MISSING_PRIVILEGES,
+        Reason::MissingPrivileges.as_str(),
         format!(
             "the token lacks {}; grant them to the token and to its user (a privilege-separated token is capped by its user)",
             list.join("; ")
@@ -214,7 +202,7 @@ pub fn scope_condition(permissions: &Permissions) -> DesiredCondition {
     let on_vms = beyond("/vms", false);
     let on_root = beyond("/", true);
     if on_vms.is_empty() && on_root.is_empty() {
-        return DesiredCondition::true_(TOKEN_SCOPED, reason::SCOPED);
+        return DesiredCondition::true_(TOKEN_SCOPED, Reason::Scoped.as_str());
     }
     let mut held = Vec::new();
     if !on_root.is_empty() {
@@ -225,7 +213,7 @@ pub fn scope_condition(permissions: &Permissions) -> DesiredCondition {
     }
     DesiredCondition::false_(
         TOKEN_SCOPED,
-        reason::REACHES_EVERY_VM,
+        Reason::ReachesEveryVm.as_str(),
         format!(
             "the token holds {}: it reaches every VM on the hypervisor, not only the tenant's; grant VM privileges on /pool/<pool> and storage privileges on the tenant's storages instead",
             held.join("; ")

@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tenantry_api::contract::READY_CONDITION;
 
-use super::{PRIVILEGES_SUFFICIENT, PROXMOX_AVAILABLE, TOKEN_SCOPED, reason};
+use super::{PRIVILEGES_SUFFICIENT, PROXMOX_AVAILABLE, Reason, TOKEN_SCOPED};
 use crate::capi::conditions::{self, DesiredCondition, Status};
 
 /// `Ready`: the hypervisor's refusal when it is unavailable (`unavailable`
@@ -24,11 +24,11 @@ pub fn ready_condition(
     } else if !endpoint_set && !externally_managed {
         DesiredCondition::false_(
             READY_CONDITION,
-            reason::WAITING_FOR_ENDPOINT,
+            Reason::WaitingForEndpoint.as_str(),
             "spec.controlPlaneEndpoint is not set (set it, or externalManagedControlPlane for a control plane provider that sets it)",
         )
     } else {
-        DesiredCondition::true_(READY_CONDITION, reason::PROVISIONED)
+        DesiredCondition::true_(READY_CONDITION, Reason::Provisioned.as_str())
     }
 }
 
@@ -82,10 +82,22 @@ mod tests {
                 false,
                 false,
                 Status::False,
-                reason::WAITING_FOR_ENDPOINT,
+                Reason::WaitingForEndpoint.as_str(),
             ),
-            (None, false, true, Status::True, reason::PROVISIONED),
-            (None, true, false, Status::True, reason::PROVISIONED),
+            (
+                None,
+                false,
+                true,
+                Status::True,
+                Reason::Provisioned.as_str(),
+            ),
+            (
+                None,
+                true,
+                false,
+                Status::True,
+                Reason::Provisioned.as_str(),
+            ),
         ];
         for (unavailable, endpoint, external, status, why) in cases {
             let ready = ready_condition(unavailable, endpoint, external);
@@ -103,7 +115,7 @@ mod tests {
     fn a_failing_hypervisor_condition_is_warned_of_once_per_change() {
         let missing = DesiredCondition::false_(
             PRIVILEGES_SUFFICIENT,
-            reason::MISSING_PRIVILEGES,
+            Reason::MissingPrivileges.as_str(),
             "VM.Clone on /vms/9000",
         );
         let cases: &[(&str, Vec<Condition>, bool)] = &[
@@ -113,7 +125,7 @@ mod tests {
                 vec![stored(
                     PRIVILEGES_SUFFICIENT,
                     "True",
-                    reason::ALL_PRIVILEGES_HELD,
+                    Reason::AllPrivilegesHeld.as_str(),
                 )],
                 true,
             ),
@@ -122,7 +134,7 @@ mod tests {
                 vec![stored(
                     PRIVILEGES_SUFFICIENT,
                     "False",
-                    reason::MISSING_PRIVILEGES,
+                    Reason::MissingPrivileges.as_str(),
                 )],
                 false,
             ),
@@ -142,8 +154,12 @@ mod tests {
         }
         // Ready and Paused are reported, never warned of here.
         let desired = [
-            DesiredCondition::false_(READY_CONDITION, reason::WAITING_FOR_ENDPOINT, "no endpoint"),
-            DesiredCondition::true_(TOKEN_SCOPED, reason::SCOPED),
+            DesiredCondition::false_(
+                READY_CONDITION,
+                Reason::WaitingForEndpoint.as_str(),
+                "no endpoint",
+            ),
+            DesiredCondition::true_(TOKEN_SCOPED, Reason::Scoped.as_str()),
         ];
         assert!(new_warnings(&desired, &[]).is_empty());
     }

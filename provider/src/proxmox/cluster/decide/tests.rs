@@ -67,7 +67,7 @@ fn missing_privileges_are_named_with_their_paths() {
     let missing = missing(&needed, &held);
     let condition = privileges_condition(&missing);
     assert!(!condition.is_true());
-    assert_eq!(condition.reason, reason::MISSING_PRIVILEGES);
+    assert_eq!(condition.reason, Reason::MissingPrivileges.as_str());
     assert!(
         condition
             .message
@@ -91,7 +91,7 @@ fn a_token_reaching_every_vm_is_flagged() {
         json!({ "/": { "Sys.Audit": 1, "VM.Allocate": 1 }, "/vms": { "Sys.Audit": 1, "VM.Allocate": 1 } }),
     );
     let condition = scope_condition(&broad);
-    assert_eq!(condition.reason, reason::REACHES_EVERY_VM);
+    assert_eq!(condition.reason, Reason::ReachesEveryVm.as_str());
     assert!(
         condition
             .message
