@@ -115,6 +115,21 @@ pub fn set(
 }
 
 /// The condition of a type, if present.
+/// The pair a machine reports while it is not provisioned: its own
+/// provisioning condition (`provisioned_type`) and `Ready`, both False with
+/// the same reason and message.
+pub fn not_provisioned(
+    provisioned_type: &'static str,
+    reason: &str,
+    message: impl Into<String>,
+) -> [DesiredCondition; 2] {
+    let message = message.into();
+    [
+        DesiredCondition::false_(provisioned_type, reason, message.clone()),
+        DesiredCondition::false_(tenantry_api::contract::READY_CONDITION, reason, message),
+    ]
+}
+
 pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
 }

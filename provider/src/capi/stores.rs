@@ -4,6 +4,8 @@
 //! controllers read their owner Machine and Cluster this way: those reads
 //! were most of the apiserver requests per machine (`docs/performance.md`).
 
+use std::time::Duration;
+
 use futures::FutureExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -93,6 +95,31 @@ pub enum NotYet {
     InfrastructureNotProvisioned { name: String },
 }
 
+impl NotYet {
+    /// What a machine of `kind` (e.g. `ProxmoxMachine`) says while it waits.
+    pub fn message(&self, kind: &str) -> String {
+        match self {
+            NotYet::Paused(PausedBy::Cluster) => "Cluster spec.paused is set".into(),
+            NotYet::Paused(PausedBy::Annotation) => format!("the {kind} is paused"),
+            NotYet::NoOwnerMachine => format!("no Machine owns this {kind} yet"),
+            NotYet::NoCluster { name } => format!("Cluster {name} does not exist"),
+            NotYet::InfrastructureNotProvisioned { name } => {
+                format!("Cluster {name} infrastructure is not provisioned yet")
+            }
+        }
+    }
+
+    /// When to look again without an event: never for what a watch brings
+    /// (the owner Machine), after `resync` for the Cluster, which the
+    /// machine controllers watch only in part.
+    pub fn retry(&self, resync: Duration) -> Option<Duration> {
+        match self {
+            NotYet::Paused(_) | NotYet::NoOwnerMachine => None,
+            NotYet::NoCluster { .. } | NotYet::InfrastructureNotProvisioned { .. } => Some(resync),
+        }
+    }
+}
+
 impl CapiStores {
     /// The owner Machine and Cluster of the infrastructure machine `meta`,
     /// or what it still waits for. The Cluster named by the machine's label
@@ -135,5 +162,45 @@ impl CapiStores {
             cluster,
             owner_machine,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_wait_says_what_is_missing_and_when_to_look_again() {
+        let resync = Duration::from_secs(60);
+        let cases = [
+            (
+                NotYet::NoOwnerMachine,
+                "no Machine owns this ProxmoxMachine yet",
+                None,
+            ),
+            (
+                NotYet::NoCluster {
+                    name: "demo".into(),
+                },
+                "Cluster demo does not exist",
+                Some(resync),
+            ),
+            (
+                NotYet::InfrastructureNotProvisioned {
+                    name: "demo".into(),
+                },
+                "Cluster demo infrastructure is not provisioned yet",
+                Some(resync),
+            ),
+            (
+                NotYet::Paused(PausedBy::Cluster),
+                "Cluster spec.paused is set",
+                None,
+            ),
+        ];
+        for (not_yet, message, retry) in cases {
+            assert_eq!(not_yet.message("ProxmoxMachine"), message);
+            assert_eq!(not_yet.retry(resync), retry, "{not_yet:?}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use super::status::{Reason, report};
 use super::{ClusterContext, Error, LOAD_BALANCER_AVAILABLE, service_name};
 use crate::capi::conditions::DesiredCondition;
 use crate::capi::{owner, pause};
-use crate::kubevirt::infra::InfraClusterError;
+use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::reconciler::{self, FIELD_MANAGER};
 
 pub(super) fn error_policy(
@@ -98,20 +98,7 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
         .await?;
     }
 
-    let template = object.spec.control_plane_service_template.as_ref();
-    let service_namespace = template
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.namespace.clone());
-    let infra = match ctx
-        .infra
-        .resolve(
-            client,
-            &namespace,
-            object.spec.infra_cluster_secret_ref.as_ref(),
-            service_namespace.as_deref(),
-        )
-        .await
-    {
+    let infra = match infra_cluster(ctx, &object).await {
         Ok(infra) => infra,
         Err(InfraClusterError::Kube(error)) => return Err(error.into()),
         Err(error) => {
@@ -195,28 +182,11 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
 }
 
 async fn cleanup(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Action, Error> {
-    let client = &ctx.base.client;
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let cluster_name = owner::owning_cluster_name(&object.metadata);
-    let template_namespace = object
-        .spec
-        .control_plane_service_template
-        .as_ref()
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.namespace.clone());
     let Some(cluster_name) = cluster_name else {
         return Ok(Action::await_change());
     };
-    let infra = match ctx
-        .infra
-        .resolve(
-            client,
-            &namespace,
-            object.spec.infra_cluster_secret_ref.as_ref(),
-            template_namespace.as_deref(),
-        )
-        .await
-    {
+    let infra = match infra_cluster(ctx, &object).await {
         Ok(infra) => infra,
         Err(InfraClusterError::Kube(error)) => return Err(error.into()),
         Err(error) => return Err(Error::Waiting(error.to_string(), Duration::from_secs(30))),
@@ -231,4 +201,27 @@ async fn cleanup(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<A
         Err(error) => return Err(error.into()),
     }
     Ok(Action::await_change())
+}
+
+/// Where the control-plane Service lives: the infrastructure cluster the
+/// KubevirtCluster names (else the management cluster), in the template's
+/// namespace (else the cluster's).
+async fn infra_cluster(
+    ctx: &ClusterContext,
+    object: &KubevirtCluster,
+) -> Result<InfraCluster, InfraClusterError> {
+    let service_namespace = object
+        .spec
+        .control_plane_service_template
+        .as_ref()
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.namespace.as_deref());
+    ctx.infra
+        .resolve(
+            &ctx.base.client,
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.spec.infra_cluster_secret_ref.as_ref(),
+            service_namespace,
+        )
+        .await
 }

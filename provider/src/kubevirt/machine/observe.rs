@@ -62,25 +62,11 @@ impl Run<'_> {
                 self.report_paused(by).await?;
                 return Ok(None);
             }
-            Err(NotYet::NoOwnerMachine) => {
+            Err(not_yet) => {
                 return Err(Halt::wait(
-                    Reason::WaitingForOwnerMachine,
-                    "no Machine owns this KubevirtMachine yet",
-                    None,
-                ));
-            }
-            Err(NotYet::NoCluster { name }) => {
-                return Err(Halt::wait(
-                    Reason::WaitingForCluster,
-                    format!("Cluster {name} does not exist"),
-                    Some(RESYNC),
-                ));
-            }
-            Err(NotYet::InfrastructureNotProvisioned { name }) => {
-                return Err(Halt::wait(
-                    Reason::WaitingForClusterInfrastructure,
-                    format!("Cluster {name} infrastructure is not provisioned yet"),
-                    Some(RESYNC),
+                    Reason::waiting_for(&not_yet),
+                    not_yet.message("KubevirtMachine"),
+                    not_yet.retry(RESYNC),
                 ));
             }
         };

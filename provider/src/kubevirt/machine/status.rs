@@ -2,9 +2,8 @@
 //! can report on `VMProvisioned`, `BootstrapExecSucceeded` and `Ready`,
 //! with how serious each is (CAPK's names where CAPK has one).
 
-use tenantry_api::contract::READY_CONDITION;
-
-use crate::capi::conditions::DesiredCondition;
+use crate::capi::conditions::{self, DesiredCondition};
+use crate::capi::stores::NotYet;
 pub use crate::reconciler::reasons::Severity;
 use crate::reconciler::reasons::reasons;
 
@@ -52,13 +51,21 @@ reasons! {
     BootstrapSentinelFound = "BootstrapSentinelFound", Progress;
 }
 
+impl Reason {
+    /// The reason of a machine waiting for its owners (pause is not a
+    /// wait: it is reported on `Paused`).
+    pub fn waiting_for(not_yet: &NotYet) -> Reason {
+        match not_yet {
+            NotYet::NoOwnerMachine | NotYet::Paused(_) => Reason::WaitingForOwnerMachine,
+            NotYet::NoCluster { .. } => Reason::WaitingForCluster,
+            NotYet::InfrastructureNotProvisioned { .. } => Reason::WaitingForClusterInfrastructure,
+        }
+    }
+}
+
 /// The pair of conditions a machine reports while no VM speaks for it.
 pub fn waiting(reason: Reason, message: impl Into<String>) -> [DesiredCondition; 2] {
-    let message = message.into();
-    [
-        DesiredCondition::false_(VM_PROVISIONED, reason.as_str(), message.clone()),
-        DesiredCondition::false_(READY_CONDITION, reason.as_str(), message),
-    ]
+    conditions::not_provisioned(VM_PROVISIONED, reason.as_str(), message)
 }
 
 #[cfg(test)]

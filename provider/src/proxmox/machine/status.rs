@@ -3,9 +3,8 @@
 //! is. Events, the failure lists of the tests and metric labels all read
 //! them from here.
 
-use tenantry_api::contract::READY_CONDITION;
-
-use crate::capi::conditions::DesiredCondition;
+use crate::capi::conditions::{self, DesiredCondition};
+use crate::capi::stores::NotYet;
 use crate::proxmox::client::ProxmoxError;
 
 /// Condition: the VM exists, is configured, runs and reported its address
@@ -122,13 +121,21 @@ impl Reason {
     }
 }
 
+impl Reason {
+    /// The reason of a machine waiting for its owners (pause is not a
+    /// wait: it is reported on `Paused`).
+    pub fn waiting_for(not_yet: &NotYet) -> Reason {
+        match not_yet {
+            NotYet::NoOwnerMachine | NotYet::Paused(_) => Reason::WaitingForOwnerMachine,
+            NotYet::NoCluster { .. } => Reason::WaitingForCluster,
+            NotYet::InfrastructureNotProvisioned { .. } => Reason::WaitingForClusterInfrastructure,
+        }
+    }
+}
+
 /// The pair of conditions a machine reports while not provisioned.
 pub fn waiting(reason: Reason, message: impl Into<String>) -> [DesiredCondition; 2] {
-    let message = message.into();
-    [
-        DesiredCondition::false_(VM_PROVISIONED, reason.as_str(), message.clone()),
-        DesiredCondition::false_(READY_CONDITION, reason.as_str(), message),
-    ]
+    conditions::not_provisioned(VM_PROVISIONED, reason.as_str(), message)
 }
 
 #[cfg(test)]
