@@ -17,19 +17,23 @@
 
 use std::fmt::Debug;
 
-use kube::Resource;
 use k8s_openapi::NamespaceResourceScope;
+use kube::Resource;
 use kube::api::Api;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tenantry_provider::reconciler::ManagerConfig;
 
+use crate::cert_manager::CertManager;
 use crate::cluster_api::{ClusterApiManager, UpstreamManager};
+use crate::cluster_api_operator::ClusterApiOperator;
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::kubevirt_upstream::VirtApi;
 use crate::logs;
 use crate::pve_lab::PveLab;
-use crate::sim::kubevirt::{ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator};
+use crate::sim::kubevirt::{
+    ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
+};
 use crate::sim::proxmox::PveSimConfig;
 use crate::sim::tenant::{
     EtcdSimulator, KamajiControlPlaneSimulator, NodeSimConfig, NodeSimulator, TenantClusters,
@@ -72,6 +76,9 @@ pub struct WorldBuilder {
     options: ControlPlaneOptions,
     tenantry_crds: bool,
     capture_logs: bool,
+    cert_manager_crds: bool,
+    cert_manager: bool,
+    operator: bool,
     cluster_api: bool,
     ipam: bool,
     cabpt: bool,
@@ -97,6 +104,8 @@ pub struct World {
     pve: Option<PveLab>,
     ipam: Option<UpstreamManager>,
     capi: Option<ClusterApiManager>,
+    operator: Option<ClusterApiOperator>,
+    cert_manager: Option<CertManager>,
     control_plane: ControlPlane,
 }
 
@@ -125,6 +134,25 @@ impl WorldBuilder {
     /// that check what tenantry writes to its log.
     pub fn capture_logs(mut self) -> Self {
         self.capture_logs = true;
+        self
+    }
+
+    /// cert-manager's CRDs alone: enough to create the Issuers and
+    /// Certificates of providers' components, nothing issues them.
+    pub fn cert_manager_crds(mut self) -> Self {
+        self.cert_manager_crds = true;
+        self
+    }
+
+    /// The real cert-manager (controller, CA injector, webhook).
+    pub fn cert_manager(mut self) -> Self {
+        self.cert_manager = true;
+        self
+    }
+
+    /// The real Cluster API Operator.
+    pub fn cluster_api_operator(mut self) -> Self {
+        self.operator = true;
         self
     }
 
@@ -247,6 +275,14 @@ impl WorldBuilder {
 
     /// Starts everything asked for; panics naming the part that failed.
     pub async fn start(self) -> World {
+        self.start_after(async |_: &ControlPlane| {}).await
+    }
+
+    /// [`Self::start`], running `prepare` on the control plane once it and
+    /// the CRDs asked for are up, before any other part starts: for a
+    /// management cluster an installer sets up first, as `clusterctl init`
+    /// does before its controllers run.
+    pub async fn start_after(self, prepare: impl AsyncFnOnce(&ControlPlane)) -> World {
         if self.capture_logs {
             logs::capture();
         }
@@ -259,6 +295,26 @@ impl WorldBuilder {
                 .await
                 .unwrap_or_else(|e| panic!("install tenantry CRDs: {e:#}"));
         }
+        if self.cert_manager_crds {
+            crate::clusterctl::install_cert_manager_crds(&client)
+                .await
+                .unwrap_or_else(|e| panic!("install cert-manager CRDs: {e:#}"));
+        }
+        prepare(&control_plane).await;
+        let cert_manager = match self.cert_manager {
+            true => Some(started(
+                "cert-manager",
+                CertManager::start(&control_plane).await,
+            )),
+            false => None,
+        };
+        let operator = match self.operator {
+            true => Some(started(
+                "the Cluster API Operator",
+                ClusterApiOperator::start(&control_plane).await,
+            )),
+            false => None,
+        };
         let capi = match self.cluster_api {
             true => Some(started(
                 "the Cluster API manager",
@@ -274,21 +330,11 @@ impl WorldBuilder {
             false => None,
         };
         let virt_api = match self.virt_api {
-            true => Some(started(
-                "virt-api",
-                VirtApi::start(&control_plane).await,
-            )),
+            true => Some(started("virt-api", VirtApi::start(&control_plane).await)),
             false => None,
         };
         let kubevirt = match self.kubevirt {
-            Some((Kubevirt::Real, config)) => Some(started(
-                "KubeVirt (virt-api, virt-controller) and its simulator",
-                KubevirtSimulator::start_with_kubevirt(&control_plane, config).await,
-            )),
-            Some((Kubevirt::Simulated, config)) => Some(started(
-                "the KubeVirt simulator",
-                KubevirtSimulator::start(client.clone(), config).await,
-            )),
+            Some((how, config)) => Some(start_kubevirt(&control_plane, how, config).await),
             None => None,
         };
         let factory = match self.image_factory {
@@ -375,8 +421,27 @@ impl WorldBuilder {
             pve,
             ipam,
             capi,
+            operator,
+            cert_manager,
             control_plane,
         }
+    }
+}
+
+async fn start_kubevirt(
+    control_plane: &ControlPlane,
+    how: Kubevirt,
+    config: KubevirtSimConfig,
+) -> KubevirtSimulator {
+    match how {
+        Kubevirt::Real => started(
+            "KubeVirt (virt-api, virt-controller) and its simulator",
+            KubevirtSimulator::start_with_kubevirt(control_plane, config).await,
+        ),
+        Kubevirt::Simulated => started(
+            "the KubeVirt simulator",
+            KubevirtSimulator::start(control_plane.client(), config).await,
+        ),
     }
 }
 
@@ -405,6 +470,9 @@ impl World {
             },
             tenantry_crds: true,
             capture_logs: false,
+            cert_manager_crds: false,
+            cert_manager: false,
+            operator: false,
             cluster_api: false,
             ipam: false,
             cabpt: false,
@@ -441,6 +509,17 @@ impl World {
             .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
+    /// Creates the namespace `name`.
+    pub async fn create_namespace(&self, name: &str) {
+        let namespace: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))
+                .expect("a Namespace");
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client())
+            .create(&Default::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+    }
+
     pub fn control_plane(&self) -> &ControlPlane {
         &self.control_plane
     }
@@ -451,6 +530,21 @@ impl World {
 
     pub fn capi(&self) -> &ClusterApiManager {
         part(&self.capi, "the Cluster API manager")
+    }
+
+    /// Takes the Cluster API manager out of the world, to stop it.
+    pub fn take_capi(&mut self) -> ClusterApiManager {
+        self.capi
+            .take()
+            .expect("this world was built without the Cluster API manager")
+    }
+
+    pub fn cert_manager(&self) -> &CertManager {
+        part(&self.cert_manager, "cert-manager")
+    }
+
+    pub fn operator(&self) -> &ClusterApiOperator {
+        part(&self.operator, "the Cluster API Operator")
     }
 
     pub fn ipam(&self) -> &UpstreamManager {
@@ -467,6 +561,23 @@ impl World {
 
     pub fn kubevirt(&self) -> &KubevirtSimulator {
         part(&self.kubevirt, "KubeVirt")
+    }
+
+    /// Stops KubeVirt's simulator and waits until nothing of it writes to
+    /// the cluster any more, as a crash of virt-handler and CDI would.
+    pub async fn stop_kubevirt(&mut self) {
+        self.kubevirt
+            .take()
+            .expect("this world was built without KubeVirt, or it is stopped")
+            .stop()
+            .await;
+    }
+
+    /// Starts KubeVirt again after [`Self::stop_kubevirt`]: what the fresh
+    /// one knows is what the apiserver holds.
+    pub async fn start_kubevirt(&mut self, how: Kubevirt, config: KubevirtSimConfig) {
+        assert!(self.kubevirt.is_none(), "KubeVirt runs already");
+        self.kubevirt = Some(start_kubevirt(&self.control_plane, how, config).await);
     }
 
     pub fn factory(&self) -> &ImageFactory {
@@ -516,6 +627,12 @@ impl World {
                 text.push_str(&format!("\n---- {title} ----\n{body}"));
             }
         };
+        if let Some(operator) = &self.operator {
+            section("Cluster API Operator log", operator.log_tail(40));
+        }
+        if let Some(cert_manager) = &self.cert_manager {
+            section("cert-manager logs", cert_manager.log_tails(20));
+        }
         if let Some(capi) = &self.capi {
             section("Cluster API manager log", capi.log_tail(40));
         }

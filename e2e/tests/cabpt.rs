@@ -11,10 +11,7 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
-use tenantry_e2e::cluster_api::{ClusterApiManager, UpstreamManager};
-use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
 use tenantry_e2e::talos_check::{self, TalosMode};
-use tenantry_e2e::tenantry::TenantryManager;
 use tenantry_e2e::wait;
 
 const NAMESPACE: &str = "default";
@@ -59,53 +56,29 @@ fn dynamic(group: &str, version: &str, kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
 }
 
+/// The management cluster with the real Cluster API manager, CABPT and
+/// tenantry.
 struct World {
-    // Field order is drop order: controllers stop before the control plane.
-    cabpt: UpstreamManager,
-    _tenantry: TenantryManager,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
+    parts: tenantry_e2e::World,
 }
 
 impl World {
     async fn start() -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "cabpt".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start the Cluster API manager");
-        let cabpt = UpstreamManager::start_cabpt(&control_plane)
-            .await
-            .expect("start CABPT");
-        let tenantry = TenantryManager::start(client);
-        Self {
-            cabpt,
-            _tenantry: tenantry,
-            capi,
-            control_plane,
-        }
+        let parts = tenantry_e2e::World::builder("cabpt")
+            .cluster_api()
+            .cabpt()
+            .tenantry()
+            .start()
+            .await;
+        Self { parts }
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
-        panic!(
-            "{error:#}\n---- CABPT log ----\n{}\n---- Cluster API manager log ----\n{}",
-            self.cabpt.log_tail(30),
-            self.capi.log_tail(20)
-        )
+        self.parts.fail(error)
     }
 
     async fn create(&self, document: Value) {
-        tenantry_e2e::manifests::create_object(&self.control_plane.client(), &document, NAMESPACE)
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.parts.create(NAMESPACE, document).await;
     }
 
     /// A Cluster whose infrastructure tenantry provisions (a KubevirtCluster
@@ -155,7 +128,7 @@ impl World {
 
     fn talos_configs(&self) -> Api<DynamicObject> {
         Api::namespaced_with(
-            self.control_plane.client(),
+            self.parts.client(),
             NAMESPACE,
             &dynamic("bootstrap.cluster.x-k8s.io", "v1alpha3", "TalosConfig"),
         )
@@ -163,7 +136,7 @@ impl World {
 
     fn machines(&self) -> Api<DynamicObject> {
         Api::namespaced_with(
-            self.control_plane.client(),
+            self.parts.client(),
             NAMESPACE,
             &dynamic("cluster.x-k8s.io", "v1beta2", "Machine"),
         )
@@ -181,7 +154,7 @@ fn condition<'a>(object: &'a Value, pointer: &str, type_: &str) -> Option<&'a Va
 #[tokio::test]
 async fn cabpt_renders_what_talos_accepts_and_names_what_it_refuses() {
     let world = World::start().await;
-    let worker = worker_config(&world.control_plane.ca().cert_pem());
+    let worker = worker_config(&world.parts.control_plane().ca().cert_pem());
     let version = talos_check::version()
         .await
         .expect("talos-config --version");
@@ -215,7 +188,7 @@ async fn cabpt_renders_what_talos_accepts_and_names_what_it_refuses() {
     })
     .await
     .unwrap_or_else(|e| world.fail(e));
-    let secret = Api::<Secret>::namespaced(world.control_plane.client(), NAMESPACE)
+    let secret = Api::<Secret>::namespaced(world.parts.client(), NAMESPACE)
         .get(&secret_name)
         .await
         .expect("bootstrap data Secret");

@@ -19,7 +19,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
 use tenantry_e2e::cert_manager::CertManager;
 use tenantry_e2e::manifests::create_object;
-use tenantry_e2e::{ControlPlane, ControlPlaneOptions, wait};
+use tenantry_e2e::{World, wait};
 
 const DEADLINE: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "webhook-system";
@@ -161,16 +161,12 @@ async fn handshake(ca_bundle: &[u8], served: &IssuedSecret, dns_name: &str) -> a
 
 #[tokio::test]
 async fn a_self_signed_certificate_is_issued_and_its_ca_injected() {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: "cert-manager".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    let cert_manager = CertManager::start(&control_plane)
-        .await
-        .expect("start cert-manager");
-    let client = control_plane.client();
+    let world = World::builder("cert-manager")
+        .without_tenantry_crds()
+        .cert_manager()
+        .start()
+        .await;
+    let (client, cert_manager) = (world.client(), world.cert_manager());
     let create = |document: serde_json::Value| {
         let client = client.clone();
         async move {
@@ -216,7 +212,7 @@ async fn a_self_signed_certificate_is_issued_and_its_ca_injected() {
     }))
     .await;
 
-    let serving_cert = ready_certificate(&client, "serving-cert", &cert_manager).await;
+    let serving_cert = ready_certificate(&client, "serving-cert", cert_manager).await;
     assert_eq!(serving_cert.data["status"]["revision"], 1, "first issuance");
     let serving = issued_secret(&client, "serving-cert").await;
     assert_eq!(
@@ -308,7 +304,7 @@ async fn a_self_signed_certificate_is_issued_and_its_ca_injected() {
     }))
     .await;
 
-    ready_certificate(&client, "conversion-cert", &cert_manager).await;
+    ready_certificate(&client, "conversion-cert", cert_manager).await;
     let root = issued_secret(&client, "root-ca").await;
     let leaf = issued_secret(&client, "conversion-cert").await;
     assert_eq!(leaf.ca_crt, root.tls_crt, "the leaf's ca.crt is the CA");
@@ -342,6 +338,4 @@ async fn a_self_signed_certificate_is_issued_and_its_ca_injected() {
     handshake(&serving.ca_crt, &leaf, &conversion_service)
         .await
         .expect_err("another CA's bundle does not verify the leaf");
-
-    cert_manager.stop();
 }

@@ -12,7 +12,7 @@ use kube::api::{
 use serde_json::json;
 use tenantry_e2e::manifests::install_crds;
 use tenantry_e2e::process::is_alive;
-use tenantry_e2e::{ClusterApiManager, ControlPlane, wait};
+use tenantry_e2e::{World, wait};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 const CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
@@ -45,11 +45,12 @@ fn has_condition(object: &DynamicObject, type_: &str, status: &str) -> bool {
 
 #[tokio::test]
 async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
-    let control_plane = ControlPlane::start().await.expect("start control plane");
-    let manager = ClusterApiManager::start(&control_plane)
-        .await
-        .expect("start Cluster API manager");
-    let client = control_plane.client();
+    let mut world = World::builder("harness")
+        .without_tenantry_crds()
+        .cluster_api()
+        .start()
+        .await;
+    let client = world.client();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/test-infrastructure-cluster-crd.yaml");
     install_crds(&client, &[fixture])
@@ -69,9 +70,7 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
         "TestCluster",
         "testclusters",
     );
-    let fail = |e: anyhow::Error| -> ! {
-        panic!("{e:#}\nCluster API manager log:\n{}", manager.log_tail(40))
-    };
+    let fail = |e: anyhow::Error| -> ! { world.fail(e) };
 
     let infra: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
@@ -190,13 +189,14 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
     .unwrap_or_else(|e| fail(e));
 
     // The manager reports the pinned release (it has no --version flag).
-    let log = std::fs::read_to_string(manager.log_path()).expect("manager log");
+    let log = std::fs::read_to_string(world.capi().log_path()).expect("manager log");
     let pinned = tenantry_e2e::clusterctl::pinned_cluster_api_version().expect("pinned version");
     assert!(
         log.contains(&format!("Version: {pinned}")),
         "manager log does not report {pinned}"
     );
 
+    let manager = world.take_capi();
     let pid = manager.pid();
     manager.stop();
     assert!(
@@ -209,14 +209,13 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
 /// InClusterIPPool: the contract the Proxmox machines get their IPs through.
 #[tokio::test]
 async fn in_cluster_ipam_provider_allocates_an_address_for_a_claim() {
-    let control_plane = ControlPlane::start().await.expect("start control plane");
-    let _capi = ClusterApiManager::start(&control_plane)
-        .await
-        .expect("start Cluster API manager");
-    let ipam = tenantry_e2e::UpstreamManager::start_ipam_in_cluster(&control_plane)
-        .await
-        .expect("start the in-cluster IPAM provider");
-    let client = control_plane.client();
+    let world = World::builder("harness")
+        .without_tenantry_crds()
+        .cluster_api()
+        .ipam()
+        .start()
+        .await;
+    let client = world.client();
     let pools = api(
         &client,
         "ipam.cluster.x-k8s.io",
@@ -270,7 +269,7 @@ async fn in_cluster_ipam_provider_allocates_an_address_for_a_claim() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e:#}\nIPAM provider log:\n{}", ipam.log_tail(40)));
+    .unwrap_or_else(|e| world.fail(e));
     let address = addresses.get(&address_name).await.expect("IPAddress");
     assert_eq!(address.data["spec"]["address"], "10.10.10.10");
     assert_eq!(address.data["spec"]["prefix"], 24);

@@ -18,9 +18,9 @@ use tenantry_e2e::cluster_api_operator::{
     ClusterApiOperator, ProviderKind, compressed_provider_config_map, provider,
     provider_components_selector,
 };
-use tenantry_e2e::clusterctl::{install_cert_manager_crds, pinned_cluster_api_version};
+use tenantry_e2e::clusterctl::pinned_cluster_api_version;
 use tenantry_e2e::manifests::create_object;
-use tenantry_e2e::{ControlPlane, Upstream, wait};
+use tenantry_e2e::{Upstream, World, wait};
 use tenantry_provider::components;
 
 /// Loading and processing Cluster API's 1.2 MB of components takes the
@@ -106,15 +106,13 @@ async fn create_namespace(client: &kube::Client, name: &str) {
 /// A control plane with cert-manager's CRDs (Cluster API's components hold a
 /// cert-manager Issuer and Certificate, which cannot be created without them;
 /// the operator itself checks nothing of cert-manager) and the operator.
-async fn control_plane_with_operator() -> (ControlPlane, ClusterApiOperator) {
-    let control_plane = ControlPlane::start().await.expect("start control plane");
-    install_cert_manager_crds(&control_plane.client())
+async fn world_with_operator() -> World {
+    World::builder("harness")
+        .without_tenantry_crds()
+        .cert_manager_crds()
+        .cluster_api_operator()
+        .start()
         .await
-        .expect("install cert-manager CRDs");
-    let operator = ClusterApiOperator::start(&control_plane)
-        .await
-        .expect("start cluster-api-operator");
-    (control_plane, operator)
 }
 
 /// What the platform puts in place for the core provider: its namespace, a
@@ -154,12 +152,12 @@ async fn request_core_provider(client: &kube::Client) -> String {
 
 #[tokio::test]
 async fn operator_installs_core_provider_from_a_compressed_config_map() {
-    let (control_plane, operator) = control_plane_with_operator().await;
-    let client = control_plane.client();
+    let world = world_with_operator().await;
+    let (client, operator) = (world.client(), world.operator());
     let version = request_core_provider(&client).await;
     let core_providers = ProviderKind::Core.api(&client, CORE_NAMESPACE);
 
-    let core = wait_until_installed(&core_providers, "cluster-api", &operator).await;
+    let core = wait_until_installed(&core_providers, "cluster-api", operator).await;
     assert!(
         has_condition(&core, "PreflightCheckPassed", "True"),
         "{:#}",
@@ -240,8 +238,7 @@ async fn operator_installs_core_provider_from_a_compressed_config_map() {
     // Ready mirrors the Deployment's Available condition. No pods and no
     // Deployment controller run here, so the Deployment has no conditions
     // and the operator says so.
-    let core =
-        wait_for_condition(&core_providers, "cluster-api", "Ready", "False", &operator).await;
+    let core = wait_for_condition(&core_providers, "cluster-api", "Ready", "False", operator).await;
     assert_eq!(
         condition(&core, "Ready").unwrap()["reason"],
         "NoDeploymentAvailableConditionReason"
@@ -250,11 +247,11 @@ async fn operator_installs_core_provider_from_a_compressed_config_map() {
 
 #[tokio::test]
 async fn infrastructure_provider_waits_for_the_core_provider_to_be_ready() {
-    let (control_plane, operator) = control_plane_with_operator().await;
-    let client = control_plane.client();
+    let world = world_with_operator().await;
+    let (client, operator) = (world.client(), world.operator());
     request_core_provider(&client).await;
     let core_providers = ProviderKind::Core.api(&client, CORE_NAMESPACE);
-    wait_until_installed(&core_providers, "cluster-api", &operator).await;
+    wait_until_installed(&core_providers, "cluster-api", operator).await;
 
     // Tenantry's own release artifacts, as the platform will install them.
     create_namespace(&client, components::NAMESPACE).await;
@@ -285,7 +282,7 @@ async fn infrastructure_provider_waits_for_the_core_provider_to_be_ready() {
         components::PROVIDER_NAME,
         "PreflightCheckPassed",
         "False",
-        &operator,
+        operator,
     )
     .await;
     assert_eq!(
@@ -329,7 +326,7 @@ async fn infrastructure_provider_waits_for_the_core_provider_to_be_ready() {
         )
         .await
         .expect("report the core Deployment Available");
-    let core = wait_for_condition(&core_providers, "cluster-api", "Ready", "True", &operator).await;
+    let core = wait_for_condition(&core_providers, "cluster-api", "Ready", "True", operator).await;
     assert_eq!(
         condition(&core, "Ready").unwrap()["reason"],
         "MinimumReplicasAvailable"
@@ -338,7 +335,7 @@ async fn infrastructure_provider_waits_for_the_core_provider_to_be_ready() {
     let installed = wait_until_installed(
         &infrastructure_providers,
         components::PROVIDER_NAME,
-        &operator,
+        operator,
     )
     .await;
     assert!(has_condition(&installed, "PreflightCheckPassed", "True"));
@@ -359,11 +356,12 @@ async fn infrastructure_provider_waits_for_the_core_provider_to_be_ready() {
 
 #[tokio::test]
 async fn operator_webhook_defaults_the_config_secret_namespace() {
-    let control_plane = ControlPlane::start().await.expect("start control plane");
-    let _operator = ClusterApiOperator::start(&control_plane)
-        .await
-        .expect("start cluster-api-operator");
-    let client = control_plane.client();
+    let world = World::builder("harness")
+        .without_tenantry_crds()
+        .cluster_api_operator()
+        .start()
+        .await;
+    let client = world.client();
     let mut object = provider(
         ProviderKind::Infrastructure,
         "default",

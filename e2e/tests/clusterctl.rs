@@ -25,22 +25,12 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
 use tenantry_api::kubevirt::KubevirtCluster;
-use tenantry_e2e::clusterctl::{Clusterctl, TENANTRY_VERSION, install_cert_manager_crds};
+use tenantry_e2e::clusterctl::{Clusterctl, TENANTRY_VERSION};
 use tenantry_e2e::manifests::{apply_crds, crds_of, create_object, read_documents};
-use tenantry_e2e::sim::kubevirt::{KubevirtSimConfig, KubevirtSimulator};
-use tenantry_e2e::tenantry::TenantryManager;
-use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, wait};
+use tenantry_e2e::sim::kubevirt::KubevirtSimConfig;
+use tenantry_e2e::{Kubevirt, World, wait};
 
 const DEADLINE: Duration = Duration::from_secs(120);
-
-async fn control_plane(name: &str) -> ControlPlane {
-    ControlPlane::start_with(ControlPlaneOptions {
-        name: name.into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane")
-}
 
 fn variables(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -112,11 +102,12 @@ async fn install_template_dependencies(client: &kube::Client) {
 
 #[tokio::test]
 async fn generated_clusters_of_every_flavor_and_the_default_apply_cleanly() {
-    let control_plane = control_plane("clusterctl-generate").await;
-    let client = control_plane.client();
-    let capi = ClusterApiManager::start(&control_plane)
-        .await
-        .expect("start Cluster API manager");
+    let world = World::builder("clusterctl-generate")
+        .without_tenantry_crds()
+        .cluster_api()
+        .start()
+        .await;
+    let (client, control_plane) = (world.client(), world.control_plane());
     install_template_dependencies(&client).await;
     let clusterctl = Clusterctl::with_local_repository().expect("local repository");
 
@@ -201,7 +192,7 @@ async fn generated_clusters_of_every_flavor_and_the_default_apply_cleanly() {
             "kubectl apply of the {flavor} flavor failed:\n{}{}\n---- Cluster API manager log ----\n{}",
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr),
-            capi.log_tail(20),
+            world.capi().log_tail(20),
         );
 
         // What the user asked for landed where clusterctl put it.
@@ -244,12 +235,13 @@ async fn generated_clusters_of_every_flavor_and_the_default_apply_cleanly() {
 
 #[tokio::test]
 async fn clusterctl_init_installs_tenantry_and_records_it_in_the_inventory() {
-    let control_plane = control_plane("clusterctl-init").await;
-    let client = control_plane.client();
     // cert-manager's API only: see the clusterctl module.
-    install_cert_manager_crds(&client)
-        .await
-        .expect("install cert-manager CRDs");
+    let world = World::builder("clusterctl-init")
+        .without_tenantry_crds()
+        .cert_manager_crds()
+        .start()
+        .await;
+    let (client, control_plane) = (world.client(), world.control_plane());
     let clusterctl = Clusterctl::with_local_repository().expect("local repository");
 
     // First init on an empty cluster: clusterctl adds the core provider
@@ -438,19 +430,13 @@ async fn clusterctl_init_installs_tenantry_and_records_it_in_the_inventory() {
 
 #[tokio::test]
 async fn clusterctl_describe_shows_the_conditions_tenantry_reports() {
-    let control_plane = control_plane("clusterctl-describe").await;
-    let client = control_plane.client();
-    apply_crds(&client, tenantry_api::crds::all())
-        .await
-        .expect("install tenantry CRDs");
-    let capi = ClusterApiManager::start(&control_plane)
-        .await
-        .expect("start Cluster API manager");
-    let _kubevirt =
-        KubevirtSimulator::start_with_kubevirt(&control_plane, KubevirtSimConfig::fast())
-            .await
-            .expect("start KubeVirt");
-    let _tenantry = TenantryManager::start(client.clone());
+    let world = World::builder("clusterctl-describe")
+        .cluster_api()
+        .kubevirt(Kubevirt::Real, KubevirtSimConfig::fast())
+        .tenantry()
+        .start()
+        .await;
+    let (client, control_plane) = (world.client(), world.control_plane());
     let clusterctl = Clusterctl::with_local_repository().expect("local repository");
 
     let name = "described";
@@ -486,7 +472,7 @@ async fn clusterctl_describe_shows_the_conditions_tenantry_reports() {
         Ok(ready.then_some(()))
     })
     .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", capi.log_tail(20)));
+    .unwrap_or_else(|e| world.fail(e));
 
     // `describe` shows the KubevirtCluster under its Cluster, each
     // condition on its own line: type, status, reason.
@@ -527,7 +513,7 @@ async fn clusterctl_describe_shows_the_conditions_tenantry_reports() {
         describe,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", capi.log_tail(20)));
+    .unwrap_or_else(|e| world.fail(e));
     let (cluster, ours) = output
         .split_once(&infrastructure)
         .expect("KubevirtCluster row");

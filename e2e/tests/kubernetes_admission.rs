@@ -4,12 +4,10 @@
 //! Requests are server-side dry runs: the apiserver runs defaulting, CEL and
 //! both webhooks, and stores nothing.
 
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tenantry_api::tenant::Kubernetes;
-use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
-use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::World;
 
 const NAMESPACE: &str = "tenant-a";
 
@@ -282,29 +280,10 @@ fn create_cases() -> Vec<Case> {
     ]
 }
 
-async fn start() -> (ControlPlane, TenantryManager) {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: "admission".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    let client = control_plane.client();
-    tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-        .await
-        .expect("install tenantry CRDs");
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } }))
-                .expect("namespace"),
-        )
-        .await
-        .expect("create namespace");
-    let tenantry = TenantryManager::start_with_webhooks(&control_plane)
-        .await
-        .expect("start tenantry with webhooks");
-    (control_plane, tenantry)
+async fn start() -> World {
+    let world = World::builder("admission").webhooks().start().await;
+    world.create_namespace(NAMESPACE).await;
+    world
 }
 
 fn dry_run() -> PostParams {
@@ -316,11 +295,11 @@ fn dry_run() -> PostParams {
 
 #[tokio::test]
 async fn every_rule_refuses_bad_input_and_admits_good_input() {
-    let (control_plane, _tenantry) = start().await;
+    let world = start().await;
     // Untyped: some cases hold what the Rust types cannot (an unknown
     // version), as a client could send it.
     let api: Api<DynamicObject> = Api::namespaced_with(
-        control_plane.client(),
+        world.client(),
         NAMESPACE,
         &ApiResource::erase::<Kubernetes>(&()),
     );
@@ -353,8 +332,8 @@ async fn every_rule_refuses_bad_input_and_admits_good_input() {
 
 #[tokio::test]
 async fn names_are_capped_at_32_characters() {
-    let (control_plane, _tenantry) = start().await;
-    let api: Api<Kubernetes> = Api::namespaced(control_plane.client(), NAMESPACE);
+    let world = start().await;
+    let api: Api<Kubernetes> = Api::namespaced(world.client(), NAMESPACE);
     let long: Kubernetes =
         serde_json::from_value(object(&"a".repeat(33), json!({}))).expect("decodes");
     let error = api
@@ -374,8 +353,8 @@ async fn names_are_capped_at_32_characters() {
 
 #[tokio::test]
 async fn moved_flags_land_in_their_fields_and_removed_fields_are_kept() {
-    let (control_plane, _tenantry) = start().await;
-    let api: Api<Kubernetes> = Api::namespaced(control_plane.client(), NAMESPACE);
+    let world = start().await;
+    let api: Api<Kubernetes> = Api::namespaced(world.client(), NAMESPACE);
     let kubernetes: Kubernetes = serde_json::from_value(object(
         "moved",
         json!({
@@ -405,8 +384,8 @@ async fn moved_flags_land_in_their_fields_and_removed_fields_are_kept() {
 
 #[tokio::test]
 async fn storage_class_and_substrate_cannot_change() {
-    let (control_plane, _tenantry) = start().await;
-    let api: Api<Kubernetes> = Api::namespaced(control_plane.client(), NAMESPACE);
+    let world = start().await;
+    let api: Api<Kubernetes> = Api::namespaced(world.client(), NAMESPACE);
     let kubernetes: Kubernetes =
         serde_json::from_value(object("fixed", json!({ "storageClass": "replicated" })))
             .expect("decodes");

@@ -15,13 +15,7 @@ use kube::api::{
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tenantry_api::tenant::Kubernetes;
-use tenantry_e2e::cluster_api::ClusterApiManager;
-use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
-use tenantry_e2e::sim::tenant::{EtcdFault, EtcdSimulator};
-use tenantry_e2e::sim::tenant::{
-    KamajiControlPlaneSimulator, TenantClusters, TenantControlPlaneOptions,
-};
-use tenantry_e2e::tenantry::TenantryManager;
+use tenantry_e2e::sim::tenant::{EtcdFault, TenantControlPlaneOptions};
 use tenantry_e2e::upstream::{Binary, Upstream};
 use tenantry_e2e::wait;
 
@@ -34,70 +28,47 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
+/// The management cluster with the real Cluster API manager, Kamaji and
+/// etcd-operator simulated, and tenantry with its webhooks.
 struct World {
-    // Field order is drop order: controllers before the apiserver.
-    _tenantry: TenantryManager,
-    _etcd: EtcdSimulator,
-    kamaji: KamajiControlPlaneSimulator,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
+    parts: tenantry_e2e::World,
 }
 
 impl World {
     async fn start() -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "management".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start the Cluster API manager");
-        let kamaji = KamajiControlPlaneSimulator::start(
-            client.clone(),
-            TenantClusters::new(),
-            TenantControlPlaneOptions::default(),
-        )
-        .await
-        .expect("start the Kamaji simulator");
-        // As under Kamaji: no tenant control plane before its DataStore.
-        kamaji.wait_for_data_stores(true);
-        let etcd = EtcdSimulator::start(client.clone())
-            .await
-            .expect("start the etcd simulator");
-        let tenantry = TenantryManager::start_with_webhooks(&control_plane)
-            .await
-            .expect("start tenantry");
-        Api::<Namespace>::all(client)
+        let parts = tenantry_e2e::World::builder("management")
+            .cluster_api()
+            .kamaji(TenantControlPlaneOptions::default())
+            // As under Kamaji: no tenant control plane before its DataStore.
+            .kamaji_waits_for_data_stores()
+            .etcd()
+            .tenantry()
+            .webhooks()
+            .start()
+            .await;
+        Api::<Namespace>::all(parts.client())
             .create(
                 &PostParams::default(),
                 &serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } })).unwrap(),
             )
             .await
             .expect("create namespace");
-        Self {
-            _tenantry: tenantry,
-            _etcd: etcd,
-            kamaji,
-            capi,
-            control_plane,
-        }
+        Self { parts }
+    }
+
+    fn client(&self) -> kube::Client {
+        self.parts.client()
     }
 
     fn kubernetes(&self) -> Api<Kubernetes> {
-        Api::namespaced(self.control_plane.client(), NAMESPACE)
+        Api::namespaced(self.client(), NAMESPACE)
     }
 
     fn fail(&self, error: anyhow::Error, status: Option<Value>) -> ! {
         panic!(
-            "{error:#}\n---- Kubernetes status ----\n{}\n---- Cluster API manager log ----\n{}",
+            "{error:#}\n---- Kubernetes status ----\n{}{}",
             status.map(|s| s.to_string()).unwrap_or_default(),
-            self.capi.log_tail(30)
+            self.parts.diagnostics()
         )
     }
 
@@ -135,7 +106,7 @@ impl World {
 
     /// `kubectl --kubeconfig <admin.conf> get --raw /version`, as a user would.
     async fn tenant_version(&self) -> String {
-        let secrets: Api<Secret> = Api::namespaced(self.control_plane.client(), NAMESPACE);
+        let secrets: Api<Secret> = Api::namespaced(self.client(), NAMESPACE);
         let secret = secrets
             .get("kubernetes-demo-admin-kubeconfig")
             .await
@@ -179,7 +150,7 @@ impl World {
     }
 
     async fn names(&self, resource: &ApiResource) -> Vec<String> {
-        Api::<DynamicObject>::namespaced_with(self.control_plane.client(), NAMESPACE, resource)
+        Api::<DynamicObject>::namespaced_with(self.client(), NAMESPACE, resource)
             .list(&ListParams::default())
             .await
             .map(|l| {
@@ -231,7 +202,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
     assert!(version.starts_with("v1.34."), "the tenant serves {version}");
     // The moved flag reached the control plane as a field.
     let kcps = Api::<DynamicObject>::namespaced_with(
-        world.control_plane.client(),
+        world.client(),
         NAMESPACE,
         &resource(
             "controlplane.cluster.x-k8s.io",
@@ -252,7 +223,8 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
 
     // etcd losing quorum shows on the object, and recovery clears it.
     world
-        ._etcd
+        .parts
+        .etcd()
         .inject_fault(NAMESPACE, "etcd", EtcdFault::QuorumLost);
     wait::until("EtcdReady to turn False", DEADLINE, || async {
         let object = world.kubernetes().get(NAME).await?;
@@ -266,7 +238,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
     })
     .await
     .unwrap_or_else(|e| world.fail(e, None));
-    world._etcd.clear_fault(NAMESPACE, "etcd");
+    world.parts.etcd().clear_fault(NAMESPACE, "etcd");
     world
         .wait_ready("the cluster to be Ready again", |_| true)
         .await;
@@ -288,7 +260,13 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
         .await;
     let version = world.tenant_version().await;
     assert!(version.starts_with("v1.35."), "the tenant serves {version}");
-    assert!(world.kamaji.tenant("tenant-a", "kubernetes-demo").is_some());
+    assert!(
+        world
+            .parts
+            .kamaji()
+            .tenant("tenant-a", "kubernetes-demo")
+            .is_some()
+    );
 
     // Deletion: nothing of the cluster or its etcd is left.
     world
@@ -341,7 +319,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
                         .map(|n| format!("{}/{n}", resource.kind)),
                 );
             }
-            let secrets: Api<Secret> = Api::namespaced(world.control_plane.client(), NAMESPACE);
+            let secrets: Api<Secret> = Api::namespaced(world.client(), NAMESPACE);
             left.extend(
                 secrets
                     .list(&ListParams::default())
@@ -352,7 +330,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
                     .map(|n| format!("Secret/{n}")),
             );
             let stores: Api<DynamicObject> = Api::all_with(
-                world.control_plane.client(),
+                world.client(),
                 &resource("kamaji.clastix.io", "v1alpha1", "DataStore", "datastores"),
             );
             if stores.get_opt(NAMESPACE).await?.is_some() {
@@ -364,7 +342,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
     .await
     .unwrap_or_else(|e| world.fail(e, None));
     assert_eq!(
-        world.kamaji.running().await,
+        world.parts.kamaji().running().await,
         0,
         "the tenant control plane stopped"
     );

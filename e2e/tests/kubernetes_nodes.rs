@@ -24,19 +24,10 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tenantry_api::tenant::{DEFAULT_TALOS_SCHEMATIC_ID, Kubernetes};
 use tenantry_api::tenant_nodes::KubernetesNodes;
-use tenantry_e2e::cluster_api::ClusterApiManager;
-use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
-use tenantry_e2e::pve_lab::{PveLab, TEMPLATE, TEMPLATE_NODE, lab_config};
-use tenantry_e2e::sim::kubevirt::{
-    ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
-};
-use tenantry_e2e::sim::tenant::{
-    EtcdSimulator, KamajiControlPlaneSimulator, NodeFault, NodeSimConfig, NodeSimulator,
-    TenantClusters, TenantControlPlaneOptions,
-};
-use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
-use tenantry_e2e::{UpstreamManager, wait};
-use tenantry_provider::reconciler::ManagerConfig;
+use tenantry_e2e::pve_lab::{TEMPLATE, TEMPLATE_NODE, lab_config};
+use tenantry_e2e::sim::kubevirt::{ImageFactoryConfig, KubevirtSimConfig};
+use tenantry_e2e::sim::tenant::{NodeFault, NodeSimConfig, TenantControlPlaneOptions};
+use tenantry_e2e::{Kubevirt, wait};
 
 /// Generous upper bound for a step; never the thing measured.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -51,133 +42,71 @@ fn capi(kind: &str, plural: &str) -> ApiResource {
     resource("cluster.x-k8s.io", "v1beta2", kind, plural)
 }
 
+/// Where the workers run.
+#[derive(Clone, Copy)]
 enum Substrate {
-    Kubevirt {
-        _sim: KubevirtSimulator,
-        factory: ImageFactory,
-    },
-    Proxmox {
-        pve: PveLab,
-        _ipam: UpstreamManager,
-    },
+    Kubevirt,
+    Proxmox,
 }
 
+/// The management cluster with the real Cluster API manager, CABPT and
+/// tenantry (with its webhooks), Kamaji and etcd-operator simulated, the
+/// substrate and the tenant nodes' kubelets.
 struct World {
-    // Field order is drop order: kubelets and controllers stop before what
-    // they talk to.
-    nodes: NodeSimulator,
-    _cabpt: UpstreamManager,
-    _tenantry: TenantryManager,
-    _etcd: EtcdSimulator,
-    kamaji: KamajiControlPlaneSimulator,
+    parts: tenantry_e2e::World,
     substrate: Substrate,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
 }
 
 impl World {
     async fn start(proxmox_tenants: Option<&[&str]>) -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "management".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start the Cluster API manager");
-        let tenants = TenantClusters::new();
-        let kamaji = KamajiControlPlaneSimulator::start(
-            client.clone(),
-            tenants.clone(),
-            TenantControlPlaneOptions {
+        let builder = tenantry_e2e::World::builder("management").cluster_api();
+        let (builder, substrate) = match proxmox_tenants {
+            None => (
+                builder
+                    .kubevirt(Kubevirt::Real, KubevirtSimConfig::fast())
+                    // The schematic a `Kubernetes` object that names none gets.
+                    .image_factory(ImageFactoryConfig {
+                        schematics: vec![DEFAULT_TALOS_SCHEMATIC_ID.into()],
+                        versions: vec![TALOS.into(), TALOS_NEXT.into()],
+                        ..Default::default()
+                    }),
+                Substrate::Kubevirt,
+            ),
+            Some(tenants) => (builder.ipam().pve(lab_config(tenants)), Substrate::Proxmox),
+        };
+        let builder = builder
+            .kamaji(TenantControlPlaneOptions {
                 node_monitor_grace_period: Duration::from_secs(8),
                 ..Default::default()
-            },
-        )
-        .await
-        .expect("start the Kamaji simulator");
-        kamaji.wait_for_data_stores(true);
-        let etcd = EtcdSimulator::start(client.clone())
-            .await
-            .expect("start the etcd simulator");
-        let nodes = NodeSimulator::start(
-            tenants,
-            NodeSimConfig {
+            })
+            .kamaji_waits_for_data_stores()
+            .etcd()
+            .nodes(NodeSimConfig {
                 verify_join: true,
                 validate_talos_config: true,
                 ..Default::default()
-            },
-        );
-        let substrate = match proxmox_tenants {
-            None => {
-                let sim = KubevirtSimulator::start_with_kubevirt(
-                    &control_plane,
-                    KubevirtSimConfig::fast(),
-                )
-                .await
-                .expect("start KubeVirt (virt-api, virt-controller) and its simulator");
-                // The schematic a `Kubernetes` object that names none gets.
-                let factory = ImageFactory::start(ImageFactoryConfig {
-                    schematics: vec![DEFAULT_TALOS_SCHEMATIC_ID.into()],
-                    versions: vec![TALOS.into(), TALOS_NEXT.into()],
-                    ..Default::default()
-                })
-                .await
-                .expect("start the image factory");
-                nodes.follow_kubevirt(client.clone());
-                Substrate::Kubevirt { _sim: sim, factory }
-            }
-            Some(tenants) => {
-                let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
-                    .await
-                    .expect("start the in-cluster IPAM provider");
-                let pve = PveLab::start(lab_config(tenants)).await;
-                nodes.follow_proxmox(pve.sim.observer());
-                Substrate::Proxmox { pve, _ipam: ipam }
-            }
-        };
-        let cabpt = UpstreamManager::start_cabpt(&control_plane)
-            .await
-            .expect("start CABPT");
+            })
+            .cabpt()
+            .tenantry()
+            .webhooks();
         // As a platform without access to the public factory runs it: its
         // own factory is the default of clusters that name none.
-        let config = match &substrate {
-            Substrate::Kubevirt { factory, .. } => ManagerConfig {
-                talos_image_factory_url: Some(factory.base_url().trim_end_matches('/').into()),
-                ..out_of_cluster()
-            },
-            Substrate::Proxmox { .. } => out_of_cluster(),
+        let builder = match substrate {
+            Substrate::Kubevirt => builder.factory_as_default(),
+            Substrate::Proxmox => builder,
         };
-        let tenantry = TenantryManager::start_with_webhooks_and(&control_plane, config)
-            .await
-            .expect("start tenantry");
         Self {
-            nodes,
-            _cabpt: cabpt,
-            _tenantry: tenantry,
-            _etcd: etcd,
-            kamaji,
+            parts: builder.start().await,
             substrate,
-            capi,
-            control_plane,
         }
     }
 
     fn client(&self) -> kube::Client {
-        self.control_plane.client()
+        self.parts.client()
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
-        panic!(
-            "{error:#}\n---- Cluster API manager log ----\n{}\n---- kubelet join refusals ----\n{:?}",
-            self.capi.log_tail(40),
-            self.nodes.join_refusals()
-        )
+        self.parts.fail(error)
     }
 
     async fn namespace(&self, name: &str) {
@@ -443,7 +372,7 @@ impl World {
             ),
         ];
         match self.substrate {
-            Substrate::Kubevirt { .. } => kinds.extend([
+            Substrate::Kubevirt => kinds.extend([
                 resource(
                     "infrastructure.cluster.x-k8s.io",
                     "v1alpha1",
@@ -459,7 +388,7 @@ impl World {
                 resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
                 resource("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes"),
             ]),
-            Substrate::Proxmox { .. } => kinds.extend([
+            Substrate::Proxmox => kinds.extend([
                 resource(
                     "infrastructure.cluster.x-k8s.io",
                     "v1alpha2",
@@ -502,8 +431,16 @@ impl World {
                 left.push(format!("Secret/{name}"));
             }
         }
-        if let Substrate::Proxmox { pve, .. } = &self.substrate {
-            for vm in pve.sim.snapshot().vms.iter().filter(|vm| !vm.template) {
+        if let Substrate::Proxmox = self.substrate {
+            for vm in self
+                .parts
+                .pve()
+                .sim
+                .snapshot()
+                .vms
+                .iter()
+                .filter(|vm| !vm.template)
+            {
                 if vm.pool.as_deref() == Some(namespace) {
                     left.push(format!("PVE VM {}", vm.name));
                 }
@@ -591,9 +528,7 @@ async fn management_secret_values(client: &kube::Client, namespace: &str) -> Vec
 #[tokio::test]
 async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
     let world = World::start(None).await;
-    let Substrate::Kubevirt { factory, .. } = &world.substrate else {
-        unreachable!()
-    };
+    let factory = world.parts.factory();
     let (namespace, name, pool) = ("tenant-a", "demo", "demo-md0");
     world.namespace(namespace).await;
     // A cluster with the default Talos image: it names no image factory
@@ -750,7 +685,7 @@ async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
 
     // A worker whose Node stays NotReady is replaced.
     let sick = rolled[0].0.clone();
-    world.nodes.inject_fault(&sick, NodeFault::NotReady);
+    world.parts.nodes().inject_fault(&sick, NodeFault::NotReady);
     let healed = world
         .wait_ready_nodes(
             "the NotReady worker to be replaced",
@@ -766,7 +701,7 @@ async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
     // Deleting the cluster takes its pool first, and leaves nothing.
     world.delete_and_wait_for_nothing(namespace, name).await;
     assert_eq!(
-        world.kamaji.running().await,
+        world.parts.kamaji().running().await,
         0,
         "the tenant control plane stopped"
     );
@@ -776,9 +711,7 @@ async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
 async fn proxmox_pools_of_two_tenants_join_their_own_clusters() {
     let tenants = ["tenant-a", "tenant-b"];
     let world = World::start(Some(&tenants)).await;
-    let Substrate::Proxmox { pve, .. } = &world.substrate else {
-        unreachable!()
-    };
+    let pve = world.parts.pve();
     for (index, tenant) in tenants.iter().enumerate() {
         world.namespace(tenant).await;
         let token = pve.tenant(tenant, &[]).await;

@@ -19,36 +19,34 @@ use tenantry_api::tenant_nodes::quantity_milli_value;
 use tenantry_api::tenant_nodes::{KubernetesNodes, KubernetesNodesSpec};
 use tenantry_e2e::clusterctl_template::{capk_templates, substitute, test_variables};
 use tenantry_e2e::kubevirt_upstream::{
-    LAUNCHER_IMAGE, SERVICE_ACCOUNT_GROUPS, VIRT_HANDLER_USER, VirtApi, VirtController,
+    LAUNCHER_IMAGE, SERVICE_ACCOUNT_GROUPS, VIRT_HANDLER_USER, VirtController,
     refused_virtual_machine,
 };
 use tenantry_e2e::manifests::{FIELD_MANAGER, parse_documents};
-use tenantry_e2e::wait;
-use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
+use tenantry_e2e::{World, wait};
 use tenantry_provider::capi::bootstrap::BootstrapFormat;
 use tenantry_provider::kubevirt::render::{MachineRole, VmPlacement, desired_virtual_machine};
 use tenantry_provider::tenant::kubernetes_nodes::render::{PoolNames, machine_template};
 
 const NAMESPACE: &str = "tenant-a";
 
-async fn world() -> (ControlPlane, VirtApi) {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        controller_manager: false,
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    let virt_api = VirtApi::start(&control_plane)
-        .await
-        .expect("virt-api starts and its webhooks answer");
-    Api::<Namespace>::all(control_plane.client())
+/// A control plane (no kube-controller-manager, no tenantry CRDs) with
+/// KubeVirt's virt-api, and the tenant's namespace.
+async fn world() -> World {
+    let world = World::builder("harness")
+        .without_tenantry_crds()
+        .without_controller_manager()
+        .virt_api()
+        .start()
+        .await;
+    Api::<Namespace>::all(world.client())
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } })).unwrap(),
         )
         .await
         .expect("namespace");
-    (control_plane, virt_api)
+    world
 }
 
 /// The VirtualMachine tenantry makes of a KubevirtMachine with `spec`.
@@ -84,10 +82,11 @@ async fn admitted(client: &kube::Client, vm: &VirtualMachine, origin: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_virtual_machine_kubevirt_refuses_is_refused() {
-    let (control_plane, virt_api) = world().await;
+    let world = world().await;
     // The KubeVirt in the loop is the release the wrapper pins.
-    let version = virt_api
-        .version(&control_plane.ca().cert_pem())
+    let version = world
+        .virt_api()
+        .version(&world.control_plane().ca().cert_pem())
         .await
         .expect("virt-api's version");
     println!("virt-api reports KubeVirt {version}");
@@ -100,8 +99,7 @@ async fn a_virtual_machine_kubevirt_refuses_is_refused() {
         &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
         "virtualmachines",
     );
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(control_plane.client(), NAMESPACE, &resource);
+    let api: Api<DynamicObject> = Api::namespaced_with(world.client(), NAMESPACE, &resource);
     let written_by_hand: DynamicObject =
         serde_json::from_value(refused_virtual_machine("hand-written")).unwrap();
     let error = api
@@ -128,8 +126,8 @@ async fn a_virtual_machine_kubevirt_refuses_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_vm_tenantry_renders_from_capk_templates_is_admitted() {
-    let (control_plane, _virt_api) = world().await;
-    let client = control_plane.client();
+    let world = world().await;
+    let client = world.client();
     let files = capk_templates();
     let mut count = 0;
     for (index, file) in files.iter().enumerate() {
@@ -177,8 +175,8 @@ async fn every_vm_tenantry_renders_from_capk_templates_is_admitted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_vm_a_kubernetes_pool_renders_is_admitted() {
-    let (control_plane, _virt_api) = world().await;
-    let client = control_plane.client();
+    let world = world().await;
+    let client = world.client();
     // The instance types pools name are KubeVirt's common instance types,
     // deployed (here by the harness) as virt-operator deploys them.
     let instancetypes = ApiResource::from_gvk_with_plural(
@@ -245,8 +243,8 @@ async fn every_vm_a_kubernetes_pool_renders_is_admitted() {
 /// default template (a container disk) to Running; see [`run_with_kubevirt`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virt_controller_runs_a_vm_tenantry_renders() {
-    let (control_plane, virt_api) = world().await;
-    let mut controller = VirtController::start(&control_plane, &virt_api)
+    let world = world().await;
+    let mut controller = VirtController::start(world.control_plane(), world.virt_api())
         .await
         .expect("virt-controller starts and leads");
     let text = std::fs::read_to_string(
@@ -269,7 +267,7 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
         .expect("the workers' KubevirtMachineTemplate")["spec"]["template"]["spec"]
         .clone();
     let vm = rendered("demo-md-0-abcde", &spec, BootstrapFormat::CloudConfig);
-    let vmi = run_with_kubevirt(&control_plane, &mut controller, &vm).await;
+    let vmi = run_with_kubevirt(&world, &mut controller, &vm).await;
     assert_eq!(
         vmi.data["spec"]["domain"]["memory"]["guest"],
         json!(vm_memory(&vm)),
@@ -282,8 +280,8 @@ async fn virt_controller_runs_a_vm_tenantry_renders() {
 /// from the VM's template (CDI's import played here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virt_controller_runs_a_talos_pool_vm() {
-    let (control_plane, virt_api) = world().await;
-    let mut controller = VirtController::start(&control_plane, &virt_api)
+    let world = world().await;
+    let mut controller = VirtController::start(world.control_plane(), world.virt_api())
         .await
         .expect("virt-controller starts and leads");
     let mut kubernetes = Kubernetes::new("demo", KubernetesSpec::default());
@@ -304,7 +302,7 @@ async fn virt_controller_runs_a_talos_pool_vm() {
             .is_some_and(|t| !t.is_empty()),
         "the pool's VM boots from a DataVolume"
     );
-    let vmi = run_with_kubevirt(&control_plane, &mut controller, &vm).await;
+    let vmi = run_with_kubevirt(&world, &mut controller, &vm).await;
     assert_eq!(
         vmi.data["spec"]["domain"]["memory"]["guest"], "4Gi",
         "virt-controller applied the instance type"
@@ -320,11 +318,11 @@ async fn virt_controller_runs_a_talos_pool_vm() {
 /// pod's node selector, image and memory, the VMI scheduled on the pod's
 /// node, the VM Running and ready — and returns the running VMI.
 async fn run_with_kubevirt(
-    control_plane: &ControlPlane,
+    world: &World,
     controller: &mut VirtController,
     vm: &VirtualMachine,
 ) -> DynamicObject {
-    let client = control_plane.client();
+    let client = world.client();
     let node = "worker-1";
     Api::<Node>::all(client.clone())
         .create(
@@ -550,7 +548,8 @@ async fn run_with_kubevirt(
     );
 
     // virt-handler's part, as its ServiceAccount: the domain is up.
-    let handler = control_plane
+    let handler = world
+        .control_plane()
         .user_client(VIRT_HANDLER_USER, &SERVICE_ACCOUNT_GROUPS)
         .await
         .expect("virt-handler's client");

@@ -4,23 +4,18 @@
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
+use tenantry_e2e::World;
 use tenantry_e2e::clusterctl_template::{capk_templates, substitute, test_variables};
-use tenantry_e2e::manifests::{apply_crds, parse_documents};
-use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
+use tenantry_e2e::manifests::parse_documents;
 
 const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 
-async fn control_plane_with_tenantry_crds() -> ControlPlane {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        controller_manager: false,
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    apply_crds(&control_plane.client(), tenantry_api::crds::all())
+/// A control plane with tenantry's CRDs, without kube-controller-manager.
+async fn world() -> World {
+    World::builder("harness")
+        .without_controller_manager()
+        .start()
         .await
-        .expect("install tenantry CRDs");
-    control_plane
 }
 
 fn api_for(
@@ -54,8 +49,8 @@ async fn create_strictly(
 
 #[tokio::test]
 async fn every_capk_template_object_creates_against_tenantry_crds() {
-    let control_plane = control_plane_with_tenantry_crds().await;
-    let client = control_plane.client();
+    let world = world().await;
+    let client = world.client();
     let files = capk_templates();
     let mut created = 0;
     for (index, file) in files.iter().enumerate() {
@@ -93,8 +88,8 @@ async fn every_capk_template_object_creates_against_tenantry_crds() {
 
 #[tokio::test]
 async fn talos_boot_disk_fields_are_validated_at_admission() {
-    let control_plane = control_plane_with_tenantry_crds().await;
-    let client = control_plane.client();
+    let world = world().await;
+    let client = world.client();
     let machine = |name: &str, boot_disk: serde_json::Value| {
         json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",

@@ -4,7 +4,6 @@
 //! at: object status and conditions, and what exists in the "substrate".
 
 use std::fmt::Debug;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -25,79 +24,54 @@ use tenantry_e2e::sim::kubevirt::{
     BOOTSTRAP_SENTINEL, DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactory, ImageFactoryConfig,
     KubevirtSimConfig, KubevirtSimulator, SshGuestConfig,
 };
-use tenantry_e2e::tenantry::TenantryManager;
-use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, wait};
+use tenantry_e2e::{Kubevirt, WorldBuilder, wait};
 
 const DEADLINE: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "default";
 const TALOS_VERSION: &str = "v1.13.0";
 const MACHINE_LABEL: &str = "capk.cluster.x-k8s.io/kubevirt-machine-name";
 
-/// A management cluster with CAPI core, the KubeVirt simulator, an image
-/// factory and tenantry.
+/// A management cluster with CAPI core, KubeVirt (its own virt-api and
+/// virt-controller, the simulator for the rest), an image factory and
+/// tenantry.
 struct World {
-    // Field order is drop order: controllers stop before the control plane.
-    tenantry: TenantryManager,
-    sim: KubevirtSimulator,
-    factory: ImageFactory,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
+    inner: tenantry_e2e::World,
 }
 
 impl World {
     async fn start() -> Self {
-        Self::start_named("management").await
-    }
-
-    async fn start_named(name: &str) -> Self {
-        Self::start_with(name, KubevirtSimConfig::fast()).await
+        Self::start_from(Self::builder(KubevirtSimConfig::fast())).await
     }
 
     /// Guests that run an SSH server on port 22 of a loopback address, for
     /// the ssh bootstrap check (binding port 22 needs root).
     async fn start_with_ssh_guests(guests: SshGuestConfig) -> Self {
-        Self::start_with(
-            "management",
-            KubevirtSimConfig::fast().with_ssh_guests(guests),
-        )
-        .await
+        Self::start_from(Self::ssh_guests(guests)).await
     }
 
-    async fn start_with(name: &str, sim_config: KubevirtSimConfig) -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: name.into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start Cluster API manager");
-        let sim = KubevirtSimulator::start_with_kubevirt(&control_plane, sim_config)
-            .await
-            .expect("start KubeVirt (virt-api, virt-controller) and its simulator");
-        let factory = ImageFactory::start(ImageFactoryConfig {
-            versions: vec![TALOS_VERSION.into()],
-            ..Default::default()
-        })
-        .await
-        .expect("start image factory");
-        let tenantry = TenantryManager::start(client);
+    fn ssh_guests(guests: SshGuestConfig) -> WorldBuilder {
+        Self::builder(KubevirtSimConfig::fast().with_ssh_guests(guests))
+    }
+
+    fn builder(sim_config: KubevirtSimConfig) -> WorldBuilder {
+        tenantry_e2e::World::builder("management")
+            .cluster_api()
+            .kubevirt(Kubevirt::Real, sim_config)
+            .image_factory(ImageFactoryConfig {
+                versions: vec![TALOS_VERSION.into()],
+                ..Default::default()
+            })
+            .tenantry()
+    }
+
+    async fn start_from(builder: WorldBuilder) -> Self {
         Self {
-            tenantry,
-            sim,
-            factory,
-            capi,
-            control_plane,
+            inner: builder.start().await,
         }
     }
 
     fn client(&self) -> kube::Client {
-        self.control_plane.client()
+        self.inner.client()
     }
 
     fn api<K>(&self) -> Api<K>
@@ -107,15 +81,19 @@ impl World {
             + DeserializeOwned
             + Debug,
     {
-        Api::namespaced(self.client(), NAMESPACE)
+        self.inner.api(NAMESPACE)
+    }
+
+    fn sim(&self) -> &KubevirtSimulator {
+        self.inner.kubevirt()
+    }
+
+    fn factory(&self) -> &ImageFactory {
+        self.inner.factory()
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
-        panic!(
-            "{error:#}\n---- Cluster API manager log ----\n{}\n---- virt-controller log ----\n{}",
-            self.capi.log_tail(30),
-            self.sim.virt_controller_log(30).unwrap_or_default()
-        )
+        self.inner.fail(error)
     }
 
     /// A CAPI Cluster with a KubevirtCluster, as CAPK's templates make them.
@@ -215,7 +193,7 @@ impl World {
         json!({
             "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
             "bootDisk": {
-                "imageFactoryURL": self.factory.base_url().trim_end_matches('/'),
+                "imageFactoryURL": self.factory().base_url().trim_end_matches('/'),
                 "schematicID": DEFAULT_SCHEMATIC,
                 "talosVersion": talos_version,
                 "diskSize": "20Gi",
@@ -260,7 +238,7 @@ impl World {
     /// Waits until the simulated guest of `name` runs its SSH server, and
     /// fails with the guest's log if it cannot (port 22 needs root).
     async fn wait_guest_sshd(&self, name: &str) {
-        let sim = &self.sim;
+        let sim = self.sim();
         let outcome = wait::until(
             format!("the guest of {name} to run sshd"),
             DEADLINE,
@@ -292,9 +270,9 @@ impl World {
 
     fn fail_with_guest(&self, name: &str, error: anyhow::Error) -> ! {
         panic!(
-            "{error:#}\n---- guest log of {name} ----\n{}\n---- Cluster API manager log ----\n{}",
-            self.sim.guest_log(NAMESPACE, name).join("\n"),
-            self.capi.log_tail(30)
+            "{error:#}\n---- guest log of {name} ----\n{}{}",
+            self.sim().guest_log(NAMESPACE, name).join("\n"),
+            self.inner.diagnostics()
         )
     }
 
@@ -510,37 +488,6 @@ runcmd:
     )
 }
 
-/// Everything logged in this test process (tenantry's reconcilers run in
-/// it), to check that no secret ends up in a log.
-fn captured_logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
-        let writer = move || LogWriter(logs);
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "info,tenantry_provider=debug,tenantry_e2e=debug",
-            ))
-            .with_ansi(false)
-            .with_writer(writer)
-            .try_init();
-        logs
-    })
-}
-
-struct LogWriter(&'static Mutex<Vec<u8>>);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The lines of a PEM private key that are unique to it (the first line of
 /// every OpenSSH key starts alike).
 fn private_key_lines(pem: &str) -> Vec<String> {
@@ -660,12 +607,12 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     let dv = &vm["spec"]["dataVolumeTemplates"][0];
     assert_eq!(dv["metadata"]["name"], "demo-worker-1-talos-boot");
     let url = world
-        .factory
+        .factory()
         .image_url(DEFAULT_SCHEMATIC, TALOS_VERSION, "openstack-amd64.raw.xz");
     assert_eq!(dv["spec"]["source"]["http"]["url"], url);
     assert_eq!(vm["spec"]["template"]["spec"]["hostname"], "demo-worker-1");
     assert!(
-        world.factory.requests() >= 1,
+        world.factory().requests() >= 1,
         "CDI fetched the image from the factory"
     );
     let userdata = world
@@ -681,7 +628,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     // Deleting the CAPI Machine deletes everything, and the KubevirtMachine
     // stays (with its finalizer, saying why) while the VM shuts down: the
     // guest takes its time until the test has seen that.
-    let slow_shutdown = world.sim.faults().inject(
+    let slow_shutdown = world.sim().faults().inject(
         FaultTarget::named(NAMESPACE, "demo-worker-1"),
         Fault::SlowShutdown(Duration::from_secs(3600)),
     );
@@ -711,7 +658,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     )
     .await
     .unwrap_or_else(|e| world.fail(e));
-    world.sim.faults().clear(slow_shutdown);
+    world.sim().faults().clear(slow_shutdown);
     world.wait_all_gone(&["demo-worker-1".to_string()]).await;
 }
 
@@ -758,7 +705,7 @@ async fn a_vm_that_never_becomes_ready_says_why() {
     let world = World::start().await;
     world.create_cluster("demo", json!({})).await;
     world.wait_cluster_provisioned("demo").await;
-    world.sim.faults().inject(
+    world.sim().faults().inject(
         FaultTarget::named(NAMESPACE, "demo-stuck"),
         Fault::Unschedulable(Some(
             "0/3 nodes are available: 3 Insufficient memory".into(),
@@ -881,7 +828,7 @@ async fn manager_restart_mid_provisioning_creates_no_second_vm() {
     let mut world = World::start().await;
     world.create_cluster("demo", json!({})).await;
     world.wait_cluster_provisioned("demo").await;
-    world.sim.faults().inject(
+    world.sim().faults().inject(
         FaultTarget::any(),
         Fault::SlowImport(Duration::from_secs(4)),
     );
@@ -900,7 +847,7 @@ async fn manager_restart_mid_provisioning_creates_no_second_vm() {
     .await
     .unwrap_or_else(|e| world.fail(e));
     // Crash mid-import, start a fresh manager.
-    world.tenantry.restart();
+    world.inner.tenantry_mut().restart();
     world
         .wait_machine(
             "demo-restart",
@@ -925,7 +872,7 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
     let world = World::start().await;
     world.create_cluster("demo", json!({})).await;
     world.wait_cluster_provisioned("demo").await;
-    world.sim.faults().inject(
+    world.sim().faults().inject(
         FaultTarget::any(),
         Fault::SlowImport(Duration::from_secs(3)),
     );
@@ -1016,18 +963,14 @@ async fn externally_managed_cluster_is_seen_as_provisioned_under_the_v1beta2_con
     assert!(status.conditions.is_none());
 }
 
-/// The infrastructure cluster: a second control plane with its own KubeVirt.
-async fn start_infra_cluster() -> (ControlPlane, KubevirtSimulator) {
-    let infra = ControlPlane::start_with(ControlPlaneOptions {
-        name: "infra".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start infrastructure cluster");
-    let sim = KubevirtSimulator::start(infra.client(), KubevirtSimConfig::fast())
+/// The infrastructure cluster: a second control plane with its own KubeVirt
+/// (the simulator alone), without tenantry's CRDs.
+async fn start_infra_cluster() -> tenantry_e2e::World {
+    tenantry_e2e::World::builder("infra")
+        .without_tenantry_crds()
+        .kubevirt(Kubevirt::Simulated, KubevirtSimConfig::fast())
+        .start()
         .await
-        .expect("infra simulator");
-    (infra, sim)
 }
 
 /// The Secret `infraClusterSecretRef` names: a kubeconfig of the
@@ -1047,8 +990,8 @@ async fn create_infra_kubeconfig_secret(world: &World, kubeconfig: &str) {
 #[tokio::test]
 async fn vms_run_in_an_external_infrastructure_cluster() {
     let world = World::start().await;
-    let (infra, _infra_sim) = start_infra_cluster().await;
-    let kubeconfig = std::fs::read_to_string(infra.kubeconfig_path()).unwrap();
+    let infra = start_infra_cluster().await;
+    let kubeconfig = std::fs::read_to_string(infra.control_plane().kubeconfig_path()).unwrap();
     create_infra_kubeconfig_secret(&world, &kubeconfig).await;
     create(
         &infra.client(),
@@ -1129,7 +1072,7 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
 #[tokio::test]
 async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_recovers() {
     let world = World::start().await;
-    let (infra, _infra_sim) = start_infra_cluster().await;
+    let infra = start_infra_cluster().await;
     create(
         &infra.client(),
         json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "vms" } }),
@@ -1162,6 +1105,7 @@ async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_reco
     .await;
     let kubeconfig = std::fs::read_to_string(
         infra
+            .control_plane()
             .user_kubeconfig("tenantry-infra", &[])
             .expect("infra user kubeconfig"),
     )
@@ -1229,11 +1173,14 @@ async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_reco
 
 #[tokio::test]
 async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears() {
-    let logs = captured_logs();
-    let world = World::start_with_ssh_guests(SshGuestConfig {
-        bootstrap_duration: Duration::from_secs(4),
-        ..Default::default()
-    })
+    // Captured from before tenantry starts, to check no secret is logged.
+    let world = World::start_from(
+        World::ssh_guests(SshGuestConfig {
+            bootstrap_duration: Duration::from_secs(4),
+            ..Default::default()
+        })
+        .capture_logs(),
+    )
     .await;
     world.create_cluster("demo", json!({})).await;
     let kubevirt_cluster = world.wait_cluster_provisioned("demo").await;
@@ -1329,7 +1276,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
             .map(String::as_str),
         Some("cloud-config")
     );
-    let guest_log = world.sim.guest_log(NAMESPACE, "demo-kubeadm").join("\n");
+    let guest_log = world.sim().guest_log(NAMESPACE, "demo-kubeadm").join("\n");
     assert!(
         guest_log.contains("sshd: Accepted publickey for capk"),
         "{guest_log}"
@@ -1408,10 +1355,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
         "events",
         serde_json::to_string(&events.list(&ListParams::default()).await.unwrap().items).unwrap(),
     ));
-    places.push((
-        "logs",
-        String::from_utf8_lossy(&logs.lock().unwrap()).into_owned(),
-    ));
+    places.push(("logs", tenantry_e2e::logs::captured()));
     let secret_lines = private_key_lines(&private_key);
     assert!(!secret_lines.is_empty());
     for (place, text) in &places {
@@ -1439,7 +1383,7 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
     world.create_cluster("demo", json!({})).await;
     world.wait_cluster_provisioned("demo").await;
     // As when `kubeadm join` fails: the command never gets to `echo success`.
-    world.sim.faults().inject(
+    world.sim().faults().inject(
         FaultTarget::named(NAMESPACE, "demo-no-join"),
         Fault::BootstrapSentinelAbsent,
     );
@@ -1460,7 +1404,7 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
         .await;
 
     // Several checks later (long after bootstrap would have ended), still waiting.
-    let sim = &world.sim;
+    let sim = world.sim();
     let checks = |log: &[String]| {
         log.iter()
             .filter(|l| l.contains(&format!("ran \"cat {BOOTSTRAP_SENTINEL}\"")))

@@ -12,7 +12,7 @@ use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactory, ImageFactoryConfig, KubevirtSimConfig,
     KubevirtSimulator, annotations, imported,
 };
-use tenantry_e2e::{ControlPlane, wait};
+use tenantry_e2e::{Kubevirt, wait};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const NS: &str = "default";
@@ -22,46 +22,36 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
-/// A control plane with the simulator and an image factory.
+/// A control plane (without tenantry's CRDs) with the simulator and an
+/// image factory.
 struct World {
-    // Declared first so the simulator stops before the control plane.
-    sim: Option<KubevirtSimulator>,
-    images: ImageFactory,
-    client: kube::Client,
-    _control_plane: ControlPlane,
+    inner: tenantry_e2e::World,
 }
 
 impl World {
     async fn start() -> Self {
-        Self::start_with(KubevirtSimConfig::fast()).await
-    }
-
-    async fn start_with(config: KubevirtSimConfig) -> Self {
-        let control_plane = ControlPlane::start().await.expect("start control plane");
-        let client = control_plane.client();
-        let sim = KubevirtSimulator::start(client.clone(), config)
-            .await
-            .expect("start simulator");
-        let images = ImageFactory::start(ImageFactoryConfig {
-            image_size: 1 << 20,
-            ..Default::default()
-        })
-        .await
-        .expect("start image factory");
-        Self {
-            sim: Some(sim),
-            images,
-            client,
-            _control_plane: control_plane,
-        }
+        let inner = tenantry_e2e::World::builder("harness")
+            .without_tenantry_crds()
+            .kubevirt(Kubevirt::Simulated, KubevirtSimConfig::fast())
+            .image_factory(ImageFactoryConfig {
+                image_size: 1 << 20,
+                ..Default::default()
+            })
+            .start()
+            .await;
+        Self { inner }
     }
 
     fn sim(&self) -> &KubevirtSimulator {
-        self.sim.as_ref().expect("simulator running")
+        self.inner.kubevirt()
+    }
+
+    fn images(&self) -> &ImageFactory {
+        self.inner.factory()
     }
 
     fn api(&self, resource: &ApiResource) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), NS, resource)
+        Api::namespaced_with(self.inner.client(), NS, resource)
     }
 
     fn vms(&self) -> Api<DynamicObject> {
@@ -101,11 +91,11 @@ impl World {
     }
 
     fn pvcs(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), NS)
+        self.inner.api(NS)
     }
 
     fn image_url(&self, file: &str) -> String {
-        self.images.image_url(DEFAULT_SCHEMATIC, TALOS, file)
+        self.images().image_url(DEFAULT_SCHEMATIC, TALOS, file)
     }
 
     async fn create_vm(&self, vm: Value) -> DynamicObject {
@@ -473,7 +463,7 @@ async fn http_data_volume_is_imported_before_the_vmi_starts() {
     );
     let annotations = pvc.metadata.annotations.clone().expect("annotations");
     let (sha, size) = world
-        .images
+        .images()
         .raw_digest(DEFAULT_SCHEMATIC, TALOS, file)
         .expect("digest");
     assert_eq!(
@@ -518,7 +508,7 @@ async fn http_data_volume_is_imported_before_the_vmi_starts() {
     );
     assert_eq!(
         world
-            .images
+            .images()
             .requests_for(&format!("/image/{DEFAULT_SCHEMATIC}/{TALOS}/{file}")),
         1,
         "imported once"
@@ -557,7 +547,7 @@ async fn missing_image_fails_the_way_cdi_reports_it() {
     })
     .await;
     assert!(world.vmis().get_opt("w-404").await.expect("get").is_none());
-    assert!(world.images.not_found() >= 2);
+    assert!(world.images().not_found() >= 2);
 }
 
 #[tokio::test]
@@ -1070,13 +1060,12 @@ async fn restarting_the_simulator_converges_without_duplicates() {
     )
     .await;
 
-    world.sim.take().expect("simulator").stop().await;
-    let requests_before = world.images.requests();
-    world.sim = Some(
-        KubevirtSimulator::start(world.client.clone(), KubevirtSimConfig::fast())
-            .await
-            .expect("restart simulator"),
-    );
+    world.inner.stop_kubevirt().await;
+    let requests_before = world.images().requests();
+    world
+        .inner
+        .start_kubevirt(Kubevirt::Simulated, KubevirtSimConfig::fast())
+        .await;
 
     wait_for(
         "VMI slow Running",
@@ -1091,7 +1080,7 @@ async fn restarting_the_simulator_converges_without_duplicates() {
         "Succeeded"
     );
     assert!(
-        world.images.requests() > requests_before,
+        world.images().requests() > requests_before,
         "the interrupted import ran again"
     );
     for (name, before) in [("steady", &steady), ("plain", &plain)] {
@@ -1150,10 +1139,10 @@ async fn restarting_the_simulator_converges_without_duplicates() {
         2
     );
     assert_eq!(
-        world.images.requests_for(&format!(
+        world.images().requests_for(&format!(
             "/image/{DEFAULT_SCHEMATIC}/{TALOS}/openstack-amd64.raw.xz"
         )),
-        world.images.requests(),
+        world.images().requests(),
         "only the image was fetched"
     );
     // The steady DV was not imported again.
@@ -1166,19 +1155,23 @@ async fn restarting_the_simulator_converges_without_duplicates() {
 
 #[tokio::test]
 async fn simulators_on_two_control_planes_work_at_once() {
-    let (a, b) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (a, b) = (a.expect("control plane a"), b.expect("control plane b"));
-    let config = |name: &str, pool: &str| KubevirtSimConfig {
-        name: name.into(),
-        ip_pool: pool.into(),
-        ..KubevirtSimConfig::fast()
+    let world = |name: &str, pool: &str| {
+        tenantry_e2e::World::builder("harness")
+            .without_tenantry_crds()
+            .kubevirt(
+                Kubevirt::Simulated,
+                KubevirtSimConfig {
+                    name: name.into(),
+                    ip_pool: pool.into(),
+                    ..KubevirtSimConfig::fast()
+                },
+            )
+            .start()
     };
-    let sim_a = KubevirtSimulator::start(a.client(), config("sim-a", "10.10.0.0/24"))
-        .await
-        .expect("sim a");
-    let sim_b = KubevirtSimulator::start(b.client(), config("sim-b", "10.20.0.0/24"))
-        .await
-        .expect("sim b");
+    let (a, b) = tokio::join!(
+        world("sim-a", "10.10.0.0/24"),
+        world("sim-b", "10.20.0.0/24")
+    );
     let vm = container_disk_vm("twin", "Always");
     let vmis = |client: kube::Client| {
         Api::<DynamicObject>::namespaced_with(
@@ -1228,5 +1221,4 @@ async fn simulators_on_two_control_planes_work_at_once() {
             .len(),
         1
     );
-    drop((sim_a, sim_b));
 }

@@ -7,23 +7,15 @@ use std::time::Duration;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tenantry_api::kubevirt::KubevirtMachineTemplate;
-use tenantry_e2e::tenantry::TenantryManager;
-use tenantry_e2e::{ControlPlane, ControlPlaneOptions, wait};
+use tenantry_e2e::{World, wait};
 
-async fn world() -> (ControlPlane, TenantryManager) {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        controller_manager: false,
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    tenantry_e2e::manifests::apply_crds(&control_plane.client(), tenantry_api::crds::all())
+async fn world() -> World {
+    World::builder("harness")
+        .without_controller_manager()
+        .tenantry()
+        .webhooks()
+        .start()
         .await
-        .expect("install tenantry CRDs");
-    let manager = TenantryManager::start_with_webhooks(&control_plane)
-        .await
-        .expect("start tenantry with webhooks");
-    (control_plane, manager)
 }
 
 fn template(cores: u32, annotations: serde_json::Value) -> serde_json::Value {
@@ -50,8 +42,8 @@ fn apply(dry_run: bool) -> PatchParams {
 
 #[tokio::test]
 async fn template_spec_is_immutable_except_for_topology_dry_runs() {
-    let (control_plane, _manager) = world().await;
-    let api: Api<KubevirtMachineTemplate> = Api::namespaced(control_plane.client(), "default");
+    let world = world().await;
+    let api: Api<KubevirtMachineTemplate> = world.api("default");
     api.patch(
         "workers",
         &apply(false),
@@ -117,8 +109,8 @@ async fn template_spec_is_immutable_except_for_topology_dry_runs() {
 
 #[tokio::test]
 async fn template_status_reports_capacity_for_scale_from_zero() {
-    let (control_plane, _manager) = world().await;
-    let api: Api<KubevirtMachineTemplate> = Api::namespaced(control_plane.client(), "default");
+    let world = world().await;
+    let api: Api<KubevirtMachineTemplate> = world.api("default");
     api.patch(
         "workers",
         &apply(false),

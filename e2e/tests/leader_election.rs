@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
+use tenantry_e2e::World;
 use tenantry_provider::leader::{self, LeaderElectionConfig, LeadershipLost};
 
 const LEASE: &str = "tenantry-manager-leader";
@@ -42,13 +42,12 @@ async fn holder(client: &kube::Client) -> Option<String> {
 
 #[tokio::test]
 async fn one_leader_at_a_time_and_handover() {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        controller_manager: false,
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    let client = control_plane.client();
+    let world = World::builder("harness")
+        .without_controller_manager()
+        .without_tenantry_crds()
+        .start()
+        .await;
+    let client = world.client();
 
     let first = leader::acquire(client.clone(), config("replica-a"))
         .await

@@ -29,15 +29,12 @@ use serde_json::{Value, json};
 use tenantry_e2e::clusterctl::{Clusterctl, install_cert_manager_crds};
 use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::kubevirt::{
-    DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactory, ImageFactoryConfig, KubevirtSimConfig,
-    KubevirtSimulator,
+    DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactoryConfig, KubevirtSimConfig,
 };
 use tenantry_e2e::sim::tenant::{
-    KamajiControlPlaneSimulator, NodeFault, NodeSimConfig, NodeSimulator, TenantCluster,
-    TenantClusters, TenantControlPlaneOptions,
+    NodeFault, NodeSimConfig, TenantCluster, TenantControlPlaneOptions,
 };
-use tenantry_e2e::tenantry::TenantryManager;
-use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
+use tenantry_e2e::{ControlPlane, Kubevirt, WorldBuilder, wait};
 
 const DEADLINE: Duration = Duration::from_secs(240);
 /// The KubeVirt world's namespace; the Proxmox world's is its PVE tenant.
@@ -60,53 +57,27 @@ fn capi(kind: &str, plural: &str) -> ApiResource {
 }
 
 /// Where the workers run.
+#[derive(Clone, Copy)]
 enum Substrate {
-    Kubevirt {
-        sim: KubevirtSimulator,
-        factory: ImageFactory,
-    },
-    Proxmox {
-        pve: PveLab,
-        _ipam: UpstreamManager,
-    },
+    Kubevirt,
+    Proxmox,
 }
 
 /// A management cluster with CAPI core, tenantry, a substrate simulator,
 /// Kamaji (simulated) and the tenant nodes' kubelets.
 struct World {
-    // Field order is drop order: kubelets and controllers stop before what
-    // they talk to.
-    nodes: NodeSimulator,
-    kamaji: KamajiControlPlaneSimulator,
-    _tenantry: TenantryManager,
+    parts: tenantry_e2e::World,
     substrate: Substrate,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
     namespace: String,
 }
 
-/// A management cluster set up with `clusterctl init` and its controllers.
-struct Management {
-    // Field order is drop order.
-    tenantry: TenantryManager,
-    ipam: UpstreamManager,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
-}
-
-/// A management cluster initialised by the real clusterctl from the local
+/// Initialises a management cluster with the real clusterctl from the local
 /// provider repository (Cluster API core and tenantry), as an operator
 /// would. Nothing runs pods here, so the controllers clusterctl deployed
 /// stay pending; the real managers run as processes instead and their
 /// webhooks are registered by URL, replacing the ones clusterctl installed
 /// (they point at Services with no pods behind them).
-async fn start_management_with_clusterctl(name: &str, clusterctl: &Clusterctl) -> ControlPlane {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: name.into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
+async fn init_with_clusterctl(control_plane: &ControlPlane, clusterctl: &Clusterctl) {
     let client = control_plane.client();
     install_cert_manager_crds(&client)
         .await
@@ -179,127 +150,89 @@ async fn start_management_with_clusterctl(name: &str, clusterctl: &Clusterctl) -
             .await
             .expect("delete webhook configuration");
     }
-    control_plane
 }
 
-/// The management cluster with tenantry's CRDs.
-async fn start_management() -> ControlPlane {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: "management".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    tenantry_e2e::manifests::apply_crds(&control_plane.client(), tenantry_api::crds::all())
+/// The world `builder` asks for, on a management cluster set up by
+/// [`init_with_clusterctl`] before any controller starts; without the
+/// harness's tenantry CRDs, which clusterctl installs.
+async fn start_with_clusterctl(
+    builder: WorldBuilder,
+    clusterctl: &Clusterctl,
+) -> tenantry_e2e::World {
+    builder
+        .without_tenantry_crds()
+        .start_after(async |control_plane: &ControlPlane| {
+            init_with_clusterctl(control_plane, clusterctl).await
+        })
         .await
-        .expect("install tenantry CRDs");
-    control_plane
 }
 
 /// Kamaji for the tenants' control planes, and their Nodes' kubelets.
-async fn start_tenant_side(client: &kube::Client) -> (KamajiControlPlaneSimulator, NodeSimulator) {
-    let tenants = TenantClusters::new();
-    let kamaji = KamajiControlPlaneSimulator::start(
-        client.clone(),
-        tenants.clone(),
-        TenantControlPlaneOptions {
+fn with_tenant_side(builder: WorldBuilder) -> WorldBuilder {
+    builder
+        .kamaji(TenantControlPlaneOptions {
             node_monitor_grace_period: Duration::from_secs(8),
             ..Default::default()
-        },
-    )
-    .await
-    .expect("start the Kamaji simulator");
-    (
-        kamaji,
-        NodeSimulator::start(tenants, NodeSimConfig::default()),
-    )
+        })
+        .nodes(NodeSimConfig::default())
+}
+
+/// CAPI core, the in-cluster IPAM provider, the PVE simulator, the tenant
+/// side and tenantry, on `builder`'s management cluster.
+fn with_proxmox(builder: WorldBuilder) -> WorldBuilder {
+    with_tenant_side(builder.cluster_api().ipam().pve(lab_config(&[PVE_TENANT]))).tenantry()
 }
 
 impl World {
     async fn start_kubevirt() -> Self {
-        let control_plane = start_management().await;
-        let client = control_plane.client();
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start Cluster API manager");
-        let sim = KubevirtSimulator::start_with_kubevirt(&control_plane, KubevirtSimConfig::fast())
-            .await
-            .expect("start KubeVirt (virt-api, virt-controller) and its simulator");
-        let factory = ImageFactory::start(ImageFactoryConfig {
-            versions: vec![TALOS.into(), TALOS_NEXT.into()],
-            ..Default::default()
-        })
-        .await
-        .expect("start image factory");
-        let (kamaji, nodes) = start_tenant_side(&client).await;
-        nodes.follow_kubevirt(client.clone());
-        let tenantry = TenantryManager::start(client);
+        let builder = tenantry_e2e::World::builder("management")
+            .cluster_api()
+            .kubevirt(Kubevirt::Real, KubevirtSimConfig::fast())
+            .image_factory(ImageFactoryConfig {
+                versions: vec![TALOS.into(), TALOS_NEXT.into()],
+                ..Default::default()
+            });
         Self {
-            nodes,
-            kamaji,
-            _tenantry: tenantry,
-            substrate: Substrate::Kubevirt { sim, factory },
-            capi,
-            control_plane,
+            parts: with_tenant_side(builder).tenantry().start().await,
+            substrate: Substrate::Kubevirt,
             namespace: NAMESPACE.into(),
         }
     }
 
     async fn start_proxmox() -> Self {
-        Self::start_proxmox_on(start_management().await).await
+        Self::proxmox(
+            with_proxmox(tenantry_e2e::World::builder("management"))
+                .start()
+                .await,
+        )
     }
 
-    async fn start_proxmox_on(control_plane: ControlPlane) -> Self {
-        let client = control_plane.client();
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start Cluster API manager");
-        let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
-            .await
-            .expect("start the in-cluster IPAM provider");
-        let pve = PveLab::start(lab_config(&[PVE_TENANT])).await;
-        let (kamaji, nodes) = start_tenant_side(&client).await;
-        nodes.follow_proxmox(pve.sim.observer());
-        let tenantry = TenantryManager::start(client);
+    fn proxmox(parts: tenantry_e2e::World) -> Self {
         Self {
-            nodes,
-            kamaji,
-            _tenantry: tenantry,
-            substrate: Substrate::Proxmox { pve, _ipam: ipam },
-            capi,
-            control_plane,
+            parts,
+            substrate: Substrate::Proxmox,
             namespace: PVE_TENANT.into(),
         }
     }
 
     fn client(&self) -> kube::Client {
-        self.control_plane.client()
+        self.parts.client()
     }
 
     /// After `clusterctl move`: the world's management cluster becomes
-    /// `target` (with its CAPI manager, IPAM provider and tenantry); the
+    /// `target`'s (with its CAPI manager, IPAM provider and tenantry); the
     /// source's are handed back to be stopped.
-    fn move_to(&mut self, target: Management) -> Management {
-        let Substrate::Proxmox { _ipam: ipam, .. } = &mut self.substrate else {
-            panic!("moving is tested with Proxmox workers");
-        };
-        Management {
-            control_plane: std::mem::replace(&mut self.control_plane, target.control_plane),
-            capi: std::mem::replace(&mut self.capi, target.capi),
-            ipam: std::mem::replace(ipam, target.ipam),
-            tenantry: std::mem::replace(&mut self._tenantry, target.tenantry),
-        }
+    fn move_to(&mut self, mut target: tenantry_e2e::World) -> tenantry_e2e::World {
+        assert!(
+            matches!(self.substrate, Substrate::Proxmox),
+            "moving is tested with Proxmox workers"
+        );
+        self.parts.swap_management(&mut target);
+        target
     }
 
     fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client(), &self.namespace, resource)
-    }
-
-    fn kubevirt(&self) -> &KubevirtSimulator {
-        match &self.substrate {
-            Substrate::Kubevirt { sim, .. } => sim,
-            Substrate::Proxmox { .. } => panic!("the Proxmox world has no KubeVirt"),
-        }
     }
 
     /// A MachineHealthCheck of the deployment's workers: the platform's
@@ -330,40 +263,28 @@ impl World {
         .await;
     }
 
-    fn factory(&self) -> &ImageFactory {
-        match &self.substrate {
-            Substrate::Kubevirt { factory, .. } => factory,
-            Substrate::Proxmox { .. } => panic!("the Proxmox world has no image factory"),
-        }
-    }
-
     /// `Kubevirt<suffix>` or `Proxmox<suffix>`.
     fn infrastructure_kind(&self, suffix: &str) -> String {
         match self.substrate {
-            Substrate::Kubevirt { .. } => format!("Kubevirt{suffix}"),
-            Substrate::Proxmox { .. } => format!("Proxmox{suffix}"),
+            Substrate::Kubevirt => format!("Kubevirt{suffix}"),
+            Substrate::Proxmox => format!("Proxmox{suffix}"),
         }
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
-        panic!(
-            "{error:#}\n---- Cluster API manager log ----\n{}",
-            self.capi.log_tail(40)
-        )
+        self.parts.fail(error)
     }
 
     async fn create(&self, document: Value) {
-        tenantry_e2e::manifests::create_object(&self.client(), &document, &self.namespace)
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.parts.create(&self.namespace, document).await;
     }
 
     /// The substrate's cluster object: a KubevirtCluster, or for Proxmox
     /// the tenant's pool, user and token on the hypervisor, its namespace
     /// with the credentials Secret, and a ProxmoxCluster.
     async fn create_infrastructure_cluster(&self) {
-        match &self.substrate {
-            Substrate::Kubevirt { .. } => {
+        match self.substrate {
+            Substrate::Kubevirt => {
                 self.create(json!({
                     "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
                     "kind": "KubevirtCluster",
@@ -372,7 +293,8 @@ impl World {
                 }))
                 .await;
             }
-            Substrate::Proxmox { pve, .. } => {
+            Substrate::Proxmox => {
+                let pve = self.parts.pve();
                 let token = pve.tenant(PVE_TENANT, &[]).await;
                 Api::<Namespace>::all(self.client())
                     .create(
@@ -434,7 +356,7 @@ impl World {
             }
         }))
         .await;
-        let (kamaji, namespace) = (&self.kamaji, self.namespace.as_str());
+        let (kamaji, namespace) = (self.parts.kamaji(), self.namespace.as_str());
         let tenant = wait::until("the tenant control plane to run", DEADLINE, || async move {
             Ok(kamaji.tenant(namespace, CLUSTER))
         })
@@ -472,9 +394,9 @@ impl World {
     /// workers boot a disk from the image factory; Proxmox workers are
     /// clones of the Talos template VM.
     async fn create_template(&self, name: &str, talos: &str) {
-        let factory = match &self.substrate {
-            Substrate::Kubevirt { factory, .. } => factory,
-            Substrate::Proxmox { .. } => {
+        let factory = match self.substrate {
+            Substrate::Kubevirt => self.parts.factory(),
+            Substrate::Proxmox => {
                 self.create(json!({
                     "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
                     "kind": "ProxmoxMachineTemplate",
@@ -548,8 +470,8 @@ impl World {
     /// The names of the substrate's VMs that are not being deleted, and how
     /// many VMs there are in all.
     async fn vms(&self) -> anyhow::Result<(BTreeSet<String>, usize)> {
-        match &self.substrate {
-            Substrate::Kubevirt { .. } => {
+        match self.substrate {
+            Substrate::Kubevirt => {
                 let vms = self
                     .dynamic(&resource(
                         "kubevirt.io",
@@ -567,8 +489,10 @@ impl World {
                     .collect();
                 Ok((live, vms.len()))
             }
-            Substrate::Proxmox { pve, .. } => {
-                let guests: BTreeSet<String> = pve
+            Substrate::Proxmox => {
+                let guests: BTreeSet<String> = self
+                    .parts
+                    .pve()
                     .sim
                     .snapshot()
                     .vms
@@ -699,8 +623,8 @@ impl World {
         };
         left.extend(names(capi("Cluster", "clusters")).await?);
         left.extend(names(capi("Machine", "machines")).await?);
-        match &self.substrate {
-            Substrate::Kubevirt { .. } => {
+        match self.substrate {
+            Substrate::Kubevirt => {
                 left.extend(
                     names(resource(
                         "kubevirt.io",
@@ -728,7 +652,7 @@ impl World {
                         .map(|o| format!("PVC {}", o.metadata.name.clone().unwrap_or_default())),
                 );
             }
-            Substrate::Proxmox { pve, .. } => {
+            Substrate::Proxmox => {
                 left.extend(
                     names(resource(
                         "ipam.cluster.x-k8s.io",
@@ -738,7 +662,7 @@ impl World {
                     ))
                     .await?,
                 );
-                let snapshot = pve.sim.snapshot();
+                let snapshot = self.parts.pve().sim.snapshot();
                 left.extend(
                     snapshot
                         .vms
@@ -755,12 +679,12 @@ impl World {
                 );
             }
         }
-        let tenants = self.kamaji.running().await;
+        let tenants = self.parts.kamaji().running().await;
         if tenants > 0 {
             left.push(format!("{tenants} tenant control plane(s)"));
         }
-        if !self.nodes.nodes().is_empty() {
-            left.push(format!("kubelets {:?}", self.nodes.nodes()));
+        if !self.parts.nodes().nodes().is_empty() {
+            left.push(format!("kubelets {:?}", self.parts.nodes().nodes()));
         }
         Ok(left)
     }
@@ -891,9 +815,11 @@ async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
         "VirtualMachine",
         "virtualmachines",
     ));
-    let url = world
-        .factory()
-        .image_url(DEFAULT_SCHEMATIC, TALOS_NEXT, "openstack-amd64.raw.xz");
+    let url =
+        world
+            .parts
+            .factory()
+            .image_url(DEFAULT_SCHEMATIC, TALOS_NEXT, "openstack-amd64.raw.xz");
     for name in &after.vms {
         let vm = vms.get(name).await.expect("VM");
         assert_eq!(
@@ -947,13 +873,13 @@ async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool
     };
     let sick = before.node_refs.iter().next().expect("a node").clone();
     let sick_machine = machine_of(&before, &sick);
-    world.nodes.inject_fault(&sick, NodeFault::NotReady);
+    world.parts.nodes().inject_fault(&sick, NodeFault::NotReady);
     let healed = world
         .wait_fleet(&tenant, format!("{sick} to be replaced"), |f| {
             f.machines.len() == 3 && !f.machines.contains(&sick_machine)
         })
         .await;
-    world.nodes.clear_fault(&sick);
+    world.parts.nodes().clear_fault(&sick);
     assert_eq!(
         healed.machines.intersection(&before.machines).count(),
         2,
@@ -976,7 +902,10 @@ async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool
         .take(2)
         .map(String::as_str)
         .collect();
-    world.nodes.inject_faults(&pair, NodeFault::NotReady);
+    world
+        .parts
+        .nodes()
+        .inject_faults(&pair, NodeFault::NotReady);
     let mhc = wait::until("the health check to restrict remediation", DEADLINE, || {
         let checks = checks.clone();
         async move {
@@ -1028,7 +957,7 @@ async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool
         );
     }
     for name in &pair {
-        world.nodes.clear_fault(name);
+        world.parts.nodes().clear_fault(name);
     }
     wait::until(
         "the health check to count 3 healthy workers at last",
@@ -1060,9 +989,7 @@ async fn proxmox_machine_deployment_scales_up_and_down_with_capi() {
     let three = world.scale(&tenant, 3).await;
     // Each worker was cloned into the tenant's pool, and its Node carries
     // the SMBIOS UUID providerID that tenantry reported for its Machine.
-    let Substrate::Proxmox { pve, .. } = &world.substrate else {
-        unreachable!()
-    };
+    let pve = world.parts.pve();
     let snapshot = pve.sim.snapshot();
     let machines = world.dynamic(&capi("Machine", "machines"));
     for name in &three.machines {
@@ -1188,7 +1115,8 @@ async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_f
     let identity = vm_identity(&world, &wedged).await;
     let first_boot = vmi_uid(&world, &wedged).await.expect("a running VMI");
     world
-        .nodes
+        .parts
+        .nodes()
         .inject_fault(&wedged, NodeFault::NotReadyUntilReboot);
     let remediation = wait::until(
         format!("a KubevirtRemediation for {wedged} to restart it"),
@@ -1214,7 +1142,7 @@ async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_f
         || {
             let remediations = remediations.clone();
             let wedged = wedged.clone();
-            let nodes = &world.nodes;
+            let nodes = world.parts.nodes();
             async move {
                 let gone = remediations.get_opt(&wedged).await?.is_none();
                 Ok((gone && !nodes.faults().contains_key(&wedged)).then_some(()))
@@ -1242,7 +1170,7 @@ async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_f
 
     // A guest that hangs at every boot: two restarts, then CAPI replaces it.
     let hung = names.next().expect("a second worker").clone();
-    world.kubevirt().faults().inject(
+    world.parts.kubevirt().faults().inject(
         FaultTarget::named(&world.namespace, &hung),
         Fault::HungGuest,
     );
@@ -1311,23 +1239,21 @@ async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_f
 // clusterctl deletes its copies.
 #[tokio::test]
 async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
-    if let Ok(filter) = std::env::var("RUST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .try_init();
-    }
+    tenantry_e2e::logs::from_env();
     let clusterctl = Clusterctl::with_local_repository().expect("local provider repository");
-    let source = start_management_with_clusterctl("source", &clusterctl).await;
-    let mut world = World::start_proxmox_on(source).await;
+    let source = start_with_clusterctl(
+        with_proxmox(tenantry_e2e::World::builder("source")),
+        &clusterctl,
+    )
+    .await;
+    let mut world = World::proxmox(source);
     let tenant = world.create_cluster().await;
     world.create_template("demo-workers-a", TALOS).await;
     world.create_machine_deployment("demo-workers-a", 2).await;
     let before = world
         .wait_fleet(&tenant, "2 workers".into(), |f| f.machines.len() == 2)
         .await;
-    let Substrate::Proxmox { pve, .. } = &world.substrate else {
-        unreachable!()
-    };
+    let pve = world.parts.pve();
     let hypervisor = |pve: &PveLab| {
         let snapshot = pve.sim.snapshot();
         let vms: Vec<(u32, String, u32)> = snapshot
@@ -1351,20 +1277,18 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
 
     // The target: initialised the same way, with its own controllers and
     // tenantry already running, as an operator prepares it.
-    let target_plane = start_management_with_clusterctl("target", &clusterctl).await;
-    let target = Management {
-        capi: ClusterApiManager::start(&target_plane)
-            .await
-            .expect("start the target's Cluster API manager"),
-        ipam: UpstreamManager::start_ipam_in_cluster(&target_plane)
-            .await
-            .expect("start the target's IPAM provider"),
-        tenantry: TenantryManager::start(target_plane.client()),
-        control_plane: target_plane,
-    };
+    let target = start_with_clusterctl(
+        tenantry_e2e::World::builder("target")
+            .cluster_api()
+            .ipam()
+            .tenantry(),
+        &clusterctl,
+    )
+    .await;
     world
-        .kamaji
-        .serve(target.control_plane.client())
+        .parts
+        .kamaji()
+        .serve(target.client())
         .await
         .expect("Kamaji serves the target");
 
@@ -1384,7 +1308,11 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
                 .expect("pause or resume the Cluster");
         }
     };
-    let to_kubeconfig = target.control_plane.kubeconfig_path().display().to_string();
+    let to_kubeconfig = target
+        .control_plane()
+        .kubeconfig_path()
+        .display()
+        .to_string();
     let move_args = [
         "move",
         "--namespace",
@@ -1395,7 +1323,7 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
     pause(true).await;
     let refused = clusterctl
         .run(
-            world.control_plane.kubeconfig_path(),
+            world.parts.control_plane().kubeconfig_path(),
             &move_args,
             &Default::default(),
         )
@@ -1408,7 +1336,7 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
     pause(false).await;
     let output = clusterctl
         .run(
-            world.control_plane.kubeconfig_path(),
+            world.parts.control_plane().kubeconfig_path(),
             &move_args,
             &Default::default(),
         )
@@ -1417,14 +1345,11 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
         .combined();
     assert!(output.contains("Moving Cluster API objects"), "{output}");
     let source = world.move_to(target);
-    world.kamaji.serve_only(world.client());
+    world.parts.kamaji().serve_only(world.client());
 
     // Nothing of the cluster is left in the source.
-    let source_machines: Api<DynamicObject> = Api::namespaced_with(
-        source.control_plane.client(),
-        PVE_TENANT,
-        &capi("Machine", "machines"),
-    );
+    let source_machines: Api<DynamicObject> =
+        Api::namespaced_with(source.client(), PVE_TENANT, &capi("Machine", "machines"));
     assert!(
         source_machines
             .list(&ListParams::default())
@@ -1491,9 +1416,7 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
         })
         .await;
     assert_eq!(after.vms, before.vms);
-    let Substrate::Proxmox { pve, .. } = &world.substrate else {
-        unreachable!()
-    };
+    let pve = world.parts.pve();
     let (vms_after, tasks_after) = hypervisor(pve);
     assert_eq!(vms_after, vms_before, "same VMs, same boots");
     assert_eq!(

@@ -4,13 +4,11 @@
 //! the pinned one and the newest). New apiservers refuse or prune schemas
 //! older ones took; the rest of the suite runs on the pinned minor only.
 
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
-use tenantry_e2e::control_plane::{ControlPlane, ControlPlaneOptions};
-use tenantry_e2e::tenantry::TenantryManager;
 use tenantry_e2e::upstream::{Binary, MANAGEMENT_APISERVER_MINORS};
+use tenantry_e2e::{ControlPlaneOptions, World};
 
 const NAMESPACE: &str = "platform";
 
@@ -49,14 +47,19 @@ async fn create(
 }
 
 async fn installs_and_serves_on(minor: u32) {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-        name: format!("management-v1-{minor}"),
-        apiserver_binary: binary_for(minor),
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane");
-    let client = control_plane.client();
+    // Installing tenantry's CRDs (the builder waits for each to be
+    // Established) and serving its webhooks is what is checked here.
+    let name = format!("management-v1-{minor}");
+    let world = World::builder(&name)
+        .control_plane(ControlPlaneOptions {
+            name: name.clone(),
+            apiserver_binary: binary_for(minor),
+            ..Default::default()
+        })
+        .webhooks()
+        .start()
+        .await;
+    let client = world.client();
     let version = client.apiserver_version().await.expect("server version");
     assert_eq!(
         version.minor,
@@ -65,9 +68,10 @@ async fn installs_and_serves_on(minor: u32) {
     );
 
     // Every CRD is accepted, structural, and Established.
-    let mut names = tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-        .await
-        .expect("install tenantry's CRDs");
+    let mut names: Vec<String> = tenantry_api::crds::all()
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .collect();
     names.extend(
         tenantry_e2e::sim::kubevirt::install_crds(&client)
             .await
@@ -87,16 +91,7 @@ async fn installs_and_serves_on(minor: u32) {
         assert!(refusals.is_empty(), "v1.{minor}: {name}: {refusals:?}");
     }
 
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } })).unwrap(),
-        )
-        .await
-        .expect("create namespace");
-    let _tenantry = TenantryManager::start_with_webhooks(&control_plane)
-        .await
-        .expect("start tenantry with its webhooks");
+    world.create_namespace(NAMESPACE).await;
 
     // The mutating webhook answers: the manager's image factory default.
     let kubernetes = dynamic_api(&client, "apps.tenantry.dev", "v1alpha1", "Kubernetes");

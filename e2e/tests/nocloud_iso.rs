@@ -4,7 +4,6 @@
 //! reports its static addresses through the guest agent.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -177,23 +176,7 @@ fn root_client(sim: &PveSimulator) -> ProxmoxClient {
 /// The client has no endpoint to create a VM from scratch (tenantry only
 /// clones), so the test creates one as `qm create` would.
 async fn create_vm(sim: &PveSimulator, vmid: u32) -> Upid {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(sim.ca_pem().as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let http = reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .expect("HTTP client");
+    let http = tenantry_e2e::pki::http_trusting(sim.ca_pem());
     let response = http
         .post(format!("{}nodes/{NODE}/qemu", sim.api_url()))
         .header("Authorization", sim.root_token().authorization())

@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use tenantry_api::proxmox::{
     ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate,
 };
+use tenantry_e2e::World;
 use tenantry_e2e::clusterctl_template::{substitute, test_variables};
-use tenantry_e2e::manifests::{apply_crds, install_crds, parse_documents};
-use tenantry_e2e::{ControlPlane, ControlPlaneOptions};
+use tenantry_e2e::manifests::{install_crds, parse_documents};
 
 const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
@@ -26,21 +26,21 @@ fn capmox_fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upstream/capmox")
 }
 
-async fn control_plane() -> ControlPlane {
-    ControlPlane::start_with(ControlPlaneOptions {
-        controller_manager: false,
-        ..Default::default()
-    })
-    .await
-    .expect("start control plane")
+/// An apiserver to try schemas on: no controllers, no CRDs yet.
+async fn bare_world() -> World {
+    World::builder("harness")
+        .without_controller_manager()
+        .without_tenantry_crds()
+        .start()
+        .await
 }
 
-async fn control_plane_with_tenantry_crds() -> ControlPlane {
-    let control_plane = control_plane().await;
-    apply_crds(&control_plane.client(), tenantry_api::crds::all())
+/// An apiserver with tenantry's CRDs.
+async fn world_with_tenantry_crds() -> World {
+    World::builder("harness")
+        .without_controller_manager()
+        .start()
         .await
-        .expect("install tenantry CRDs");
-    control_plane
 }
 
 fn api_for(client: &kube::Client, document: &Value, namespace: &str) -> Api<DynamicObject> {
@@ -130,8 +130,8 @@ fn decode_into_tenantry_type(stored: &DynamicObject) -> Result<(), serde_json::E
 
 #[tokio::test]
 async fn every_capmox_template_object_creates_against_tenantry_crds() {
-    let control_plane = control_plane_with_tenantry_crds().await;
-    let client = control_plane.client();
+    let world = world_with_tenantry_crds().await;
+    let client = world.client();
     let mut files: Vec<_> = std::fs::read_dir(capmox_fixtures().join("templates"))
         .expect("read capmox templates")
         .map(|e| e.expect("entry").path())
@@ -184,8 +184,8 @@ async fn every_capmox_template_object_creates_against_tenantry_crds() {
 /// this test pins the upstream behaviour that decision works around.
 #[tokio::test]
 async fn capmox_refuses_its_own_clusterclass_machine_templates() {
-    let control_plane = control_plane().await;
-    let client = control_plane.client();
+    let world = bare_world().await;
+    let client = world.client();
     install_crds(&client, &[capmox_fixtures().join("crds")])
         .await
         .expect("install capmox CRDs");
@@ -362,45 +362,11 @@ fn refusal(
     }
 }
 
-#[tokio::test]
-async fn bad_proxmox_input_is_refused_naming_the_field() {
+/// Each rule capmox's schema or webhooks hold, broken once on a valid
+/// object: the field the apiserver must name and a fragment of its message.
+fn refusal_cases() -> Vec<Refusal> {
     use Edit::{Remove, Set};
-    let control_plane = control_plane_with_tenantry_crds().await;
-    let client = control_plane.client();
-
-    // The valid objects every case starts from, and what tenantry accepts
-    // beyond capmox: a machine template that ClusterClass patches complete,
-    // and a cluster template without address pools.
-    let accepted = [
-        cluster("good-cluster"),
-        machine("good-machine"),
-        machine_template("good-template"),
-        edited(
-            machine_template("template-without-clone-source"),
-            &[
-                Remove("/spec/template/spec/sourceNode"),
-                Remove("/spec/template/spec/templateID"),
-            ],
-        ),
-        cluster_template("cluster-template-without-pools"),
-        edited(
-            cluster("ipv6-only"),
-            &[
-                Remove("/spec/ipv4Config"),
-                Set(
-                    "/spec/ipv6Config",
-                    json!({"addresses": ["2001:db8::10-2001:db8::100"], "prefix": 64, "gateway": "2001:db8::1"}),
-                ),
-            ],
-        ),
-    ];
-    for document in &accepted {
-        apply_strictly(&api_for(&client, document, "default"), document)
-            .await
-            .unwrap_or_else(|e| panic!("{} refused: {e}", document["metadata"]["name"]));
-    }
-
-    let cases = vec![
+    vec![
         // ProxmoxCluster
         refusal(
             cluster,
@@ -824,7 +790,48 @@ async fn bad_proxmox_input_is_refused_naming_the_field() {
             "spec.template.spec.dnsServers",
             "at least 1 items",
         ),
+    ]
+}
+
+#[tokio::test]
+async fn bad_proxmox_input_is_refused_naming_the_field() {
+    use Edit::{Remove, Set};
+    let world = world_with_tenantry_crds().await;
+    let client = world.client();
+
+    // The valid objects every case starts from, and what tenantry accepts
+    // beyond capmox: a machine template that ClusterClass patches complete,
+    // and a cluster template without address pools.
+    let accepted = [
+        cluster("good-cluster"),
+        machine("good-machine"),
+        machine_template("good-template"),
+        edited(
+            machine_template("template-without-clone-source"),
+            &[
+                Remove("/spec/template/spec/sourceNode"),
+                Remove("/spec/template/spec/templateID"),
+            ],
+        ),
+        cluster_template("cluster-template-without-pools"),
+        edited(
+            cluster("ipv6-only"),
+            &[
+                Remove("/spec/ipv4Config"),
+                Set(
+                    "/spec/ipv6Config",
+                    json!({"addresses": ["2001:db8::10-2001:db8::100"], "prefix": 64, "gateway": "2001:db8::1"}),
+                ),
+            ],
+        ),
     ];
+    for document in &accepted {
+        apply_strictly(&api_for(&client, document, "default"), document)
+            .await
+            .unwrap_or_else(|e| panic!("{} refused: {e}", document["metadata"]["name"]));
+    }
+
+    let cases = refusal_cases();
 
     let mut failures = Vec::new();
     for (index, case) in cases.into_iter().enumerate() {
@@ -856,8 +863,8 @@ async fn bad_proxmox_input_is_refused_naming_the_field() {
 #[tokio::test]
 async fn a_machines_boot_volume_pool_and_iso_storage_cannot_change() {
     use Edit::{Remove, Set};
-    let control_plane = control_plane_with_tenantry_crds().await;
-    let client = control_plane.client();
+    let world = world_with_tenantry_crds().await;
+    let client = world.client();
     let with_everything = machine("immutable");
     let with_nothing = edited(
         machine("immutable-unset"),

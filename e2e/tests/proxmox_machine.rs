@@ -10,7 +10,7 @@
 //! hypervisor.
 
 use std::fmt::Debug;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -29,8 +29,8 @@ use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::proxmox::{
     ApiToken, ClusterSnapshot, DropMode, PveSimConfig, RequestMatch, Trigger, VmPower, VmSnapshot,
 };
-use tenantry_e2e::tenantry::{TenantryManager, out_of_cluster};
-use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
+use tenantry_e2e::tenantry::out_of_cluster;
+use tenantry_e2e::{WorldBuilder, wait};
 use tenantry_provider::proxmox::client::ProxmoxError;
 use tenantry_provider::reconciler::ManagerConfig;
 
@@ -39,8 +39,6 @@ const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
 const CREDENTIALS: &str = "pve-credentials";
 
 // ---------------------------------------------------------------- the hypervisor
-
-type Pve = PveLab;
 
 fn sim_config() -> PveSimConfig {
     lab_config(&[
@@ -56,23 +54,22 @@ fn guests(snapshot: &ClusterSnapshot) -> Vec<&VmSnapshot> {
 
 // ---------------------------------------------------------------- the management cluster
 
+/// Everything of a [`World`] but tenantry, which each test starts its way.
+/// Everything logged in this test process is captured (tenantry's
+/// reconcilers and the simulator run in it, at debug level), to check that
+/// no secret ends up in a log line.
+fn management() -> WorldBuilder {
+    tenantry_e2e::World::builder("management")
+        .cluster_api()
+        .ipam()
+        .pve(sim_config())
+        .capture_logs()
+}
+
 /// A management cluster with CAPI core, the in-cluster IPAM provider, the
 /// PVE simulator and tenantry.
 struct World {
-    // Field order is drop order: controllers stop before what they talk to.
-    tenantry: TenantryManager,
-    pve: Pve,
-    ipam: UpstreamManager,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
-}
-
-/// How tenantry runs in a [`World`].
-enum Manager {
-    /// Controllers only, with these settings.
-    Plain(ManagerConfig),
-    /// Controllers and admission webhooks, registered with the apiserver.
-    WithWebhooks,
+    parts: tenantry_e2e::World,
 }
 
 /// One tenant's cluster: namespace, credentials, Cluster and ProxmoxCluster.
@@ -83,12 +80,12 @@ struct Tenant {
 
 impl World {
     async fn start() -> Self {
-        Self::start_with(sim_config(), Manager::Plain(out_of_cluster())).await
+        Self::start_with(management().tenantry()).await
     }
 
     /// With tenantry's admission webhooks served and registered.
     async fn start_with_webhooks() -> Self {
-        Self::start_with(sim_config(), Manager::WithWebhooks).await
+        Self::start_with(management().tenantry().webhooks()).await
     }
 
     /// With tenantry working on at most `bound` machines at once.
@@ -97,45 +94,17 @@ impl World {
             max_concurrent_reconciles: Some(bound),
             ..out_of_cluster()
         };
-        Self::start_with(sim_config(), Manager::Plain(config)).await
+        Self::start_with(management().tenantry_with(config)).await
     }
 
-    async fn start_with(config: PveSimConfig, manager: Manager) -> Self {
-        captured_logs();
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "management".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start Cluster API manager");
-        let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
-            .await
-            .expect("start the in-cluster IPAM provider");
-        let pve = Pve::start(config).await;
-        let tenantry = match manager {
-            Manager::WithWebhooks => TenantryManager::start_with_webhooks(&control_plane)
-                .await
-                .expect("start tenantry with webhooks"),
-            Manager::Plain(config) => TenantryManager::start_with(client, config),
-        };
+    async fn start_with(builder: WorldBuilder) -> Self {
         Self {
-            tenantry,
-            pve,
-            ipam,
-            capi,
-            control_plane,
+            parts: builder.start().await,
         }
     }
 
     fn client(&self) -> kube::Client {
-        self.control_plane.client()
+        self.parts.client()
     }
 
     fn api<K>(&self, namespace: &str) -> Api<K>
@@ -145,21 +114,19 @@ impl World {
             + DeserializeOwned
             + Debug,
     {
-        Api::namespaced(self.client(), namespace)
+        self.parts.api(namespace)
+    }
+
+    fn pve(&self) -> &PveLab {
+        self.parts.pve()
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
-        panic!(
-            "{error:#}\n---- Cluster API manager log ----\n{}\n---- IPAM provider log ----\n{}",
-            self.capi.log_tail(20),
-            self.ipam.log_tail(20)
-        )
+        self.parts.fail(error)
     }
 
     async fn create(&self, namespace: &str, document: Value) {
-        tenantry_e2e::manifests::create_object(&self.client(), &document, namespace)
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.parts.create(namespace, document).await;
     }
 
     /// A tenant: its pool, user and token on the hypervisor (without the
@@ -167,7 +134,7 @@ impl World {
     /// Secret, a ProxmoxCluster whose machines take 10.10.<subnet>.10-60,
     /// and the CAPI Cluster owning it.
     async fn tenant(&self, tenant: &str, subnet: u8, skip: &[&str], paused: bool) -> Tenant {
-        let token = self.pve.tenant(tenant, skip).await;
+        let token = self.pve().tenant(tenant, skip).await;
         self.tenant_with_token(tenant, subnet, token, paused).await
     }
 
@@ -192,10 +159,10 @@ impl World {
                 "apiVersion": "v1", "kind": "Secret",
                 "metadata": { "name": CREDENTIALS },
                 "stringData": {
-                    "url": self.pve.sim.url().as_str(),
+                    "url": self.pve().sim.url().as_str(),
                     "token_id": token.id,
                     "token_secret": token.secret,
-                    "root_ca": self.pve.sim.ca_pem(),
+                    "root_ca": self.pve().sim.ca_pem(),
                 }
             }),
         )
@@ -352,7 +319,7 @@ impl World {
     async fn wait_nothing_left(&self, tenant: &Tenant) {
         let client = self.client();
         let namespace = tenant.namespace.clone();
-        let sim = &self.pve.sim;
+        let sim = &self.pve().sim;
         let last = Mutex::new(Vec::new());
         wait::until(
             format!("nothing of tenant {namespace}'s machines to be left"),
@@ -491,38 +458,6 @@ fn vmid_of(machine: &ProxmoxMachine) -> u32 {
         .expect("spec.virtualMachineID") as u32
 }
 
-/// Everything logged in this test process (tenantry's reconcilers and the
-/// simulator run in it, at debug level), to check that no secret ends up in
-/// a log line.
-fn captured_logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
-        let writer = move || LogWriter(logs);
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "info,tenantry_provider=debug,tenantry_e2e=debug",
-            ))
-            .with_ansi(false)
-            .with_writer(writer)
-            .try_init();
-        logs
-    })
-}
-
-struct LogWriter(&'static Mutex<Vec<u8>>);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 // ---------------------------------------------------------------- tests
 
 /// The whole life of a machine: paused until its cluster is unpaused, then
@@ -554,7 +489,7 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
         })
         .await;
     assert!(
-        guests(&world.pve.sim.snapshot()).is_empty(),
+        guests(&world.pve().sim.snapshot()).is_empty(),
         "nothing is cloned while the cluster is paused"
     );
     world
@@ -658,7 +593,7 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
 
     // On the hypervisor: one VM, in the tenant's pool, sized, MAC kept,
     // disk grown; the guest read its seed and reports the address.
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.pve().sim.snapshot();
     let vms = guests(&snapshot);
     assert_eq!(vms.len(), 1, "{vms:?}");
     let vm = vms[0];
@@ -791,7 +726,7 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
         .await;
     assert!(
         world
-            .pve
+            .pve()
             .sim
             .snapshot()
             .pool("tenant-a")
@@ -801,7 +736,7 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
     );
 
     // Nothing secret was logged, though every reconcile logged at debug.
-    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).into_owned();
+    let logs = tenantry_e2e::logs::captured();
     assert!(
         logs.contains("PVE API request"),
         "the client's debug lines were captured"
@@ -855,7 +790,7 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
         .await
         .remove(0);
     let (vmid_a, vmid_b) = (vmid_of(&in_a), vmid_of(&in_b));
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.pve().sim.snapshot();
     assert_eq!(
         snapshot.vm(vmid_a).unwrap().pool.as_deref(),
         Some("tenant-a")
@@ -968,7 +903,7 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
     assert_ne!(vmid_of(&racer), vmid_b);
     assert_eq!(
         world
-            .pve
+            .pve()
             .sim
             .snapshot()
             .vm(vmid_of(&racer))
@@ -980,7 +915,7 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
 
     // Tenant A's token cannot act on B's VM either (PVE's own check).
     let error = world
-        .pve
+        .pve()
         .client(&a.token)
         .qemu(&b_before.node, vmid_b)
         .stop()
@@ -1011,7 +946,7 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
         .await
         .unwrap_or_else(|e| world.fail(e));
     }
-    let after = world.pve.sim.snapshot();
+    let after = world.pve().sim.snapshot();
     let b_after = after.vm(vmid_b).expect("B's VM still exists");
     assert_eq!(
         (b_after.power, &b_after.config, b_after.pool.as_deref()),
@@ -1118,14 +1053,14 @@ async fn missing_privileges_are_named_and_a_broad_token_is_flagged() {
             .is_empty()
     );
     assert!(
-        guests(&world.pve.sim.snapshot()).is_empty(),
+        guests(&world.pve().sim.snapshot()).is_empty(),
         "nothing was cloned"
     );
 
     // PVEVMAdmin on / (the upstream charts' recipe) reaches every VM.
-    let token = world.pve.tenant("broad", &[]).await;
+    let token = world.pve().tenant("broad", &[]).await;
     world
-        .pve
+        .pve()
         .grant("/", "PVEVMAdmin", "broad@pve", &token.id)
         .await;
     let broad = world.tenant_with_token("broad", 5, token, false).await;
@@ -1171,7 +1106,7 @@ async fn flaky_api_and_slow_tasks_provision_every_machine_exactly_once() {
             c.status.as_ref().is_some_and(|s| s.ready)
         })
         .await;
-    let faults = world.pve.sim.faults();
+    let faults = world.pve().sim.faults();
 
     let outage = faults.http_error(
         RequestMatch::everything(),
@@ -1214,7 +1149,7 @@ async fn flaky_api_and_slow_tasks_provision_every_machine_exactly_once() {
     let machines = world.wait_provisioned(&tenant, &names).await;
     assert!(faults.fired(errors) > 0, "errors were injected");
 
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.pve().sim.snapshot();
     let vms = guests(&snapshot);
     assert_eq!(
         vms.len(),
@@ -1257,7 +1192,7 @@ async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
             c.status.as_ref().is_some_and(|s| s.ready)
         })
         .await;
-    let faults = world.pve.sim.faults();
+    let faults = world.pve().sim.faults();
     faults.slow_tasks("qmclone", Duration::from_secs(8), Trigger::Always);
     // The first clone is made, but its answer never arrives.
     let lost = faults.drop_connection(
@@ -1282,7 +1217,7 @@ async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
             .await;
     }
     wait::until("three clones started, one still running", DEADLINE, || {
-        let sim = &world.pve.sim;
+        let sim = &world.pve().sim;
         async move {
             let snapshot = sim.snapshot();
             let clones: Vec<_> = snapshot
@@ -1297,7 +1232,7 @@ async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
     .await
     .unwrap_or_else(|e| {
         let tasks: Vec<String> = world
-            .pve
+            .pve()
             .sim
             .snapshot()
             .tasks
@@ -1307,10 +1242,10 @@ async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
         world.fail(e.context(format!("tasks: {tasks:#?}")))
     });
     assert_eq!(faults.fired(lost), 1, "a clone's answer was lost");
-    world.tenantry.restart();
+    world.parts.tenantry_mut().restart();
 
     let machines = world.wait_provisioned(&tenant, &names).await;
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.pve().sim.snapshot();
     let vms = guests(&snapshot);
     assert_eq!(
         vms.len(),
@@ -1344,7 +1279,7 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
         })
         .await;
     world
-        .pve
+        .pve()
         .sim
         .faults()
         .slow_tasks("qmstart", Duration::from_millis(500), Trigger::Always);
@@ -1357,7 +1292,7 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
     }
     // Mid-provisioning: some clones made, not all machines provisioned.
     wait::until("some of the machines cloned", DEADLINE, || {
-        let sim = &world.pve.sim;
+        let sim = &world.pve().sim;
         async move { Ok((guests(&sim.snapshot()).len() >= 5).then_some(())) }
     })
     .await
@@ -1370,7 +1305,7 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
             .expect("delete Machine");
     }
     world.wait_nothing_left(&tenant).await;
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.pve().sim.snapshot();
     assert!(snapshot.pool("crowd").unwrap().vms.is_empty());
     assert!(
         !snapshot.volumes.iter().any(|v| v.storage == "crowd-disks"),
@@ -1393,7 +1328,7 @@ async fn machines_arriving_while_every_slot_is_busy_take_turns_in_order() {
             c.status.as_ref().is_some_and(|s| s.ready)
         })
         .await;
-    let faults = world.pve.sim.faults();
+    let faults = world.pve().sim.faults();
     faults.latency(
         RequestMatch::everything(),
         Duration::from_millis(100),
@@ -1412,7 +1347,7 @@ async fn machines_arriving_while_every_slot_is_busy_take_turns_in_order() {
     }
     // Both slots busy: clones run, and a reconcile waits on its clone.
     wait::until("two early machines cloning", DEADLINE, || {
-        let sim = &world.pve.sim;
+        let sim = &world.pve().sim;
         async move { Ok((guests(&sim.snapshot()).len() >= 2).then_some(())) }
     })
     .await
@@ -1449,7 +1384,7 @@ async fn machines_arriving_while_every_slot_is_busy_take_turns_in_order() {
 
     let names: Vec<String> = early.into_iter().chain(late).collect();
     let machines = world.wait_provisioned(&tenant, &names).await;
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.pve().sim.snapshot();
     assert_eq!(
         snapshot.pool("queue").unwrap().vms.len(),
         names.len(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tenantry_e2e::pki::http_trusting;
 use tenantry_e2e::sim::proxmox::{PveSimConfig, PveSimulator, RequestMatch, Trigger};
 use tenantry_e2e::wait;
 use tenantry_provider::proxmox::client::{
@@ -55,7 +56,7 @@ impl World {
         let root_token = sim.root_token().clone();
         let root = client(&sim, &root_token.id, &root_token.secret);
         let setup = Setup {
-            http: raw_http(sim.ca_pem()),
+            http: http_trusting(sim.ca_pem()),
             sim: sim.clone(),
             auth: root_token.authorization(),
         };
@@ -219,26 +220,6 @@ impl Setup {
     async fn put(&self, path: &str, form: &[(&str, &str)]) -> Value {
         self.send(self.http.put(self.url(path)).form(form)).await
     }
-}
-
-fn raw_http(ca_pem: &str) -> reqwest::Client {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .expect("HTTP client")
 }
 
 // ------------------------------------------------------------------ tests

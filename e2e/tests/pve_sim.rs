@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tenantry_e2e::pki::http_trusting;
 use tenantry_e2e::sim::proxmox::{
     ApiToken, DropMode, GuestHang, GuestPhase, NodeSpec, PveSimConfig, PveSimulator, RequestMatch,
     StorageSpec, StorageType, Trigger, VmPower,
@@ -67,7 +68,7 @@ impl Pve {
 
     async fn start_with(config: PveSimConfig) -> Self {
         let sim = PveSimulator::start(config).await.expect("start simulator");
-        let http = client_trusting(sim.ca_pem());
+        let http = http_trusting(sim.ca_pem());
         Self {
             sim: Arc::new(sim),
             http,
@@ -123,26 +124,6 @@ impl Pve {
     async fn wait_task_ok(&self, upid: &str) {
         assert_eq!(self.wait_task(upid).await, "OK", "task {upid}");
     }
-}
-
-fn client_trusting(ca_pem: &str) -> reqwest::Client {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .build()
-        .expect("HTTP client")
 }
 
 #[derive(Clone)]

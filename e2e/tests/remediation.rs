@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -29,14 +29,9 @@ use tenantry_api::proxmox::ProxmoxMachine;
 use tenantry_api::remediation::{
     KubevirtRemediation, ProxmoxRemediation, RemediationPhase, RemediationStatus,
 };
-use tenantry_e2e::sim::kubevirt::{
-    DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
-};
-use tenantry_e2e::sim::proxmox::{
-    ApiToken, NodeSpec, PveSimConfig, PveSimulator, StorageSpec, StorageType,
-};
-use tenantry_e2e::tenantry::TenantryManager;
-use tenantry_e2e::{ClusterApiManager, ControlPlane, ControlPlaneOptions, UpstreamManager, wait};
+use tenantry_e2e::pve_lab::{TEMPLATE, TEMPLATE_NODE, lab_config};
+use tenantry_e2e::sim::kubevirt::{DEFAULT_SCHEMATIC, ImageFactoryConfig, KubevirtSimConfig};
+use tenantry_e2e::{Kubevirt, World, wait};
 
 const DEADLINE: Duration = Duration::from_secs(180);
 const NAMESPACE: &str = "default";
@@ -181,12 +176,7 @@ async fn wait_machine_deleting(client: &kube::Client, namespace: &str, name: &st
 /// A management cluster with CAPI core, the KubeVirt simulator, an image
 /// factory and tenantry, and one provisioned Talos worker.
 struct KubevirtWorld {
-    // Field order is drop order: controllers stop before the control plane.
-    tenantry: TenantryManager,
-    sim: KubevirtSimulator,
-    factory: ImageFactory,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
+    inner: World,
 }
 
 impl KubevirtWorld {
@@ -200,46 +190,26 @@ impl KubevirtWorld {
     }
 
     async fn start_with(webhooks: bool) -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "management".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start Cluster API manager");
-        let sim = KubevirtSimulator::start(client.clone(), KubevirtSimConfig::fast())
-            .await
-            .expect("start KubeVirt simulator");
-        let factory = ImageFactory::start(ImageFactoryConfig {
-            versions: vec![TALOS_VERSION.into()],
-            ..Default::default()
-        })
-        .await
-        .expect("start image factory");
-        let tenantry = if webhooks {
-            TenantryManager::start_with_webhooks(&control_plane)
-                .await
-                .expect("start tenantry with webhooks")
+        let builder = World::builder("management")
+            .cluster_api()
+            .kubevirt(Kubevirt::Simulated, KubevirtSimConfig::fast())
+            .image_factory(ImageFactoryConfig {
+                versions: vec![TALOS_VERSION.into()],
+                ..Default::default()
+            })
+            .tenantry();
+        let builder = if webhooks {
+            builder.webhooks()
         } else {
-            TenantryManager::start(client)
+            builder
         };
         Self {
-            tenantry,
-            sim,
-            factory,
-            capi,
-            control_plane,
+            inner: builder.start().await,
         }
     }
 
     fn client(&self) -> kube::Client {
-        self.control_plane.client()
+        self.inner.client()
     }
 
     fn api<K>(&self) -> Api<K>
@@ -249,14 +219,14 @@ impl KubevirtWorld {
             + DeserializeOwned
             + Debug,
     {
-        Api::namespaced(self.client(), NAMESPACE)
+        self.inner.api(NAMESPACE)
     }
 
     fn fail(&self, name: &str, error: anyhow::Error) -> ! {
         panic!(
-            "{error:#}\n---- guest log of {name} ----\n{}\n---- Cluster API manager log ----\n{}",
-            self.sim.guest_log(NAMESPACE, name).join("\n"),
-            self.capi.log_tail(30)
+            "{error:#}\n---- guest log of {name} ----\n{}{}",
+            self.inner.kubevirt().guest_log(NAMESPACE, name).join("\n"),
+            self.inner.diagnostics()
         )
     }
 
@@ -295,7 +265,7 @@ impl KubevirtWorld {
             "spec": {
                 "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
                 "bootDisk": {
-                    "imageFactoryURL": self.factory.base_url().trim_end_matches('/'),
+                    "imageFactoryURL": self.inner.factory().base_url().trim_end_matches('/'),
                     "schematicID": DEFAULT_SCHEMATIC,
                     "talosVersion": TALOS_VERSION,
                     "diskSize": "20Gi",
@@ -644,7 +614,7 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
             "virtualMachineInstanceUID": instance,
         }})
     };
-    world.tenantry.kill();
+    world.inner.tenantry_mut().kill();
     create_remediation_as_mhc(&client, &template, &machine).await;
     remediations
         .patch_status(
@@ -654,7 +624,7 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
         )
         .await
         .expect("record the attempt");
-    world.tenantry.restart();
+    world.inner.tenantry_mut().restart();
     let status = wait_status(
         &remediations,
         "demo-worker-3",
@@ -694,7 +664,7 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
     })
     .await
     .unwrap();
-    world.tenantry.kill();
+    world.inner.tenantry_mut().kill();
     create_remediation_as_mhc(&client, &template, &machine).await;
     remediations
         .patch_status(
@@ -704,7 +674,7 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
         )
         .await
         .expect("record the attempt");
-    world.tenantry.restart();
+    world.inner.tenantry_mut().restart();
     let status = wait_status(
         &remediations,
         "demo-worker-3",
@@ -726,237 +696,41 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
 // ---------------------------------------------------------------- Proxmox VE
 
 const PVE_API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
-const TEMPLATE: u32 = 9000;
-const TEMPLATE_NODE: &str = "pve1";
 const TENANT: &str = "tenant-a";
 
-/// The PVE simulator and a root client for setting it up, as a platform
-/// operator would with `pveum`/`qm`.
-struct Pve {
-    sim: PveSimulator,
-    http: reqwest::Client,
-    auth: String,
-}
-
-impl Pve {
-    async fn start() -> Self {
-        let mut config = PveSimConfig::for_tests();
-        config.nodes = vec![NodeSpec::new("pve1", 16, 64), NodeSpec::new("pve2", 8, 32)];
-        config.storages = vec![
-            StorageSpec::new("local", StorageType::Dir, &["iso", "vztmpl", "images"]),
-            StorageSpec::new("templates", StorageType::Rbd, &["images"]),
-            StorageSpec::new(format!("{TENANT}-disks"), StorageType::Rbd, &["images"]),
-            StorageSpec::new(format!("{TENANT}-iso"), StorageType::Nfs, &["iso"]),
-        ];
-        let sim = PveSimulator::start(config)
-            .await
-            .expect("start the PVE simulator");
-        let http = http_trusting(sim.ca_pem());
-        let auth = sim.root_token().authorization();
-        Self { sim, http, auth }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.sim.api_url(), path.trim_start_matches('/'))
-    }
-
-    async fn send(&self, request: reqwest::RequestBuilder) -> Value {
-        let response = request
-            .header("Authorization", &self.auth)
-            .send()
-            .await
-            .expect("PVE setup request");
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        assert!(
-            status.is_success(),
-            "PVE setup call failed: {status} {body}"
-        );
-        body["data"].clone()
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.post(self.url(path)).json(&body)).await
-    }
-
-    async fn put(&self, path: &str, form: &[(&str, &str)]) -> Value {
-        self.send(self.http.put(self.url(path)).form(form)).await
-    }
-
-    async fn wait_task(&self, upid: &Value) {
-        let upid = upid.as_str().expect("a UPID").to_string();
-        let node = upid.split(':').nth(1).expect("UPID node").to_string();
-        let path = format!("/nodes/{node}/tasks/{upid}/status");
-        wait::until(format!("task {upid}"), DEADLINE, || {
-            let path = path.clone();
-            async move {
-                let status = self.send(self.http.get(self.url(&path))).await;
-                Ok((status["status"] == "stopped").then_some(()))
-            }
-        })
-        .await
-        .expect("task ends");
-    }
-
-    /// A template VM in a `templates` pool, and a tenant with its pool,
-    /// storages, user and privilege-separated token, granted what
-    /// `docs/proxmox.md` lists.
-    async fn setup(&self) -> ApiToken {
-        self.post("/pools", json!({ "poolid": "templates" })).await;
-        let created = self
-            .post(
-                &format!("/nodes/{TEMPLATE_NODE}/qemu"),
-                json!({
-                    "vmid": TEMPLATE, "name": "talos-template", "cores": 2, "memory": 2048,
-                    "scsihw": "virtio-scsi-single", "scsi0": "templates:8", "net0": "virtio,bridge=vmbr0",
-                    "agent": 1, "pool": "templates", "tags": "talos",
-                }),
-            )
-            .await;
-        self.wait_task(&created).await;
-        let converted = self
-            .post(
-                &format!("/nodes/{TEMPLATE_NODE}/qemu/{TEMPLATE}/template"),
-                json!({}),
-            )
-            .await;
-        if converted.is_string() {
-            self.wait_task(&converted).await;
-        }
-        self.post(
-            "/access/roles",
-            json!({ "roleid": "TenantryNodeAudit", "privs": "Sys.Audit" }),
-        )
-        .await;
-        self.post(
-            "/access/roles",
-            json!({ "roleid": "TenantrySeedStore", "privs": "Datastore.AllocateTemplate,Datastore.Allocate,Datastore.Audit" }),
-        )
-        .await;
-        let (disks, iso) = (format!("{TENANT}-disks"), format!("{TENANT}-iso"));
-        self.post("/pools", json!({ "poolid": TENANT })).await;
-        self.put(
-            "/pools",
-            &[("poolid", TENANT), ("storage", &format!("{disks},{iso}"))],
-        )
-        .await;
-        let user = format!("{TENANT}@pve");
-        self.post("/access/users", json!({ "userid": user })).await;
-        let created = self
-            .post(
-                &format!("/access/users/{user}/token/capi"),
-                json!({ "privsep": 1 }),
-            )
-            .await;
-        let token = ApiToken {
-            id: created["full-tokenid"]
-                .as_str()
-                .expect("token id")
-                .to_string(),
-            secret: created["value"].as_str().expect("token secret").to_string(),
-        };
-        let grants = [
-            ("/nodes".to_string(), "TenantryNodeAudit"),
-            (format!("/pool/{TENANT}"), "PVEVMAdmin"),
-            ("/pool/templates".to_string(), "PVETemplateUser"),
-            (format!("/storage/{disks}"), "PVEDatastoreUser"),
-            (format!("/storage/{iso}"), "TenantrySeedStore"),
-            ("/sdn/zones/localnetwork/vmbr0".to_string(), "PVESDNUser"),
-        ];
-        for (path, role) in &grants {
-            for (kind, id) in [("users", user.as_str()), ("tokens", token.id.as_str())] {
-                self.put(
-                    "/access/acl",
-                    &[
-                        ("path", path),
-                        (kind, id),
-                        ("roles", role),
-                        ("propagate", "1"),
-                    ],
-                )
-                .await;
-            }
-        }
-        token
-    }
-}
-
-fn http_trusting(ca_pem: &str) -> reqwest::Client {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .expect("HTTP client")
-}
-
 /// A management cluster with CAPI core, the in-cluster IPAM provider, the
-/// PVE simulator and tenantry.
+/// PVE simulator (a Talos template and tenantry's roles, as a platform
+/// operator sets it up: [`tenantry_e2e::pve_lab`]) and tenantry.
 struct ProxmoxWorld {
-    // Field order is drop order: controllers stop before what they talk to.
-    _tenantry: TenantryManager,
-    pve: Pve,
-    ipam: UpstreamManager,
-    capi: ClusterApiManager,
-    control_plane: ControlPlane,
+    inner: World,
 }
 
 impl ProxmoxWorld {
     async fn start() -> Self {
-        let control_plane = ControlPlane::start_with(ControlPlaneOptions {
-            name: "management".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("start control plane");
-        let client = control_plane.client();
-        tenantry_e2e::manifests::apply_crds(&client, tenantry_api::crds::all())
-            .await
-            .expect("install tenantry CRDs");
-        let capi = ClusterApiManager::start(&control_plane)
-            .await
-            .expect("start Cluster API manager");
-        let ipam = UpstreamManager::start_ipam_in_cluster(&control_plane)
-            .await
-            .expect("start the in-cluster IPAM provider");
-        let pve = Pve::start().await;
-        let tenantry = TenantryManager::start(client);
-        Self {
-            _tenantry: tenantry,
-            pve,
-            ipam,
-            capi,
-            control_plane,
-        }
+        let inner = World::builder("management")
+            .cluster_api()
+            .ipam()
+            .pve(lab_config(&[TENANT]))
+            .tenantry()
+            .start()
+            .await;
+        Self { inner }
     }
 
     fn client(&self) -> kube::Client {
-        self.control_plane.client()
+        self.inner.client()
     }
 
     fn fail(&self, error: anyhow::Error) -> ! {
-        panic!(
-            "{error:#}\n---- Cluster API manager log ----\n{}\n---- IPAM provider log ----\n{}",
-            self.capi.log_tail(20),
-            self.ipam.log_tail(20)
-        )
+        self.inner.fail(error)
     }
 
-    /// The tenant's namespace, credentials, ProxmoxCluster and Cluster, and
-    /// one worker cloned into the tenant's pool and provisioned.
+    /// The tenant on the hypervisor (pool, storages, user and
+    /// privilege-separated token granted what `docs/proxmox.md` lists), its
+    /// namespace, credentials, ProxmoxCluster and Cluster, and one worker
+    /// cloned into the tenant's pool and provisioned.
     async fn provisioned_worker(&self, name: &str) -> (Machine, ProxmoxMachine) {
-        let token = self.pve.setup().await;
+        let token = self.inner.pve().tenant(TENANT, &[]).await;
         let client = self.client();
         Api::<Namespace>::all(client.clone())
             .create(
@@ -972,10 +746,10 @@ impl ProxmoxWorld {
                 "apiVersion": "v1", "kind": "Secret",
                 "metadata": { "name": "pve-credentials" },
                 "stringData": {
-                    "url": self.pve.sim.url().as_str(),
+                    "url": self.inner.pve().sim.url().as_str(),
                     "token_id": token.id,
                     "token_secret": token.secret,
-                    "root_ca": self.pve.sim.ca_pem(),
+                    "root_ca": self.inner.pve().sim.ca_pem(),
                 }
             }),
         )
@@ -1077,7 +851,7 @@ async fn proxmox_reset_reboots_the_vm_in_place_then_replaces_the_machine() {
             .cloned()
             .expect("the machine's VM")
     };
-    let before = vm_of(&world.pve.sim.snapshot());
+    let before = vm_of(&world.inner.pve().sim.snapshot());
     let disks = |vm: &tenantry_e2e::sim::proxmox::VmSnapshot| {
         vm.config
             .iter()
@@ -1111,12 +885,12 @@ async fn proxmox_reset_reboots_the_vm_in_place_then_replaces_the_machine() {
     assert_eq!(waiting.retry_count, Some(1));
     // The same VM, on the same node and disks, rebooted once. (Looked at
     // now: once the Machine is replaced, CAPI deletes the VM.)
-    let after = vm_of(&world.pve.sim.snapshot());
+    let after = vm_of(&world.inner.pve().sim.snapshot());
     assert_eq!(after.node, before.node);
     assert_eq!(disks(&after), disks(&before), "the same disks");
     assert_eq!(after.boots, before.boots + 1, "the guest booted once more");
     let upid = waiting.task_ref.clone().expect("the reset task's UPID");
-    let snapshot = world.pve.sim.snapshot();
+    let snapshot = world.inner.pve().sim.snapshot();
     let task = snapshot
         .tasks
         .iter()
@@ -1155,7 +929,8 @@ async fn proxmox_reset_reboots_the_vm_in_place_then_replaces_the_machine() {
     );
 
     let resets = world
-        .pve
+        .inner
+        .pve()
         .sim
         .snapshot()
         .tasks
