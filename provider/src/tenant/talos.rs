@@ -248,4 +248,6 @@ fn default_reservations(size: Option<&ResourceAmounts>) -> (String, String) {
 }
 
 #[cfg(test)]
+mod schema_check;
+#[cfg(test)]
 mod tests;

@@ -429,29 +429,6 @@ fn kubelet_rules() {
 }
 
 #[test]
-fn thresholds_parse_as_the_kubelet_reads_them() {
-    assert_eq!(parse_threshold("k", "7.5%"), Ok(Threshold::Percent(7.5)));
-    assert_eq!(parse_threshold("k", "100%"), Ok(Threshold::Percent(100.0)));
-    assert_eq!(
-        parse_threshold("k", "500Mi"),
-        Ok(Threshold::Amount(500 * MEBIBYTE_MILLI))
-    );
-    assert_eq!(
-        parse_threshold("k", "1e9"),
-        Ok(Threshold::Amount(1_000_000_000 * MILLI))
-    );
-    for bad in ["abc%", "-5%", "%", "1.2.3%", "banana", "0", "-1Gi"] {
-        assert!(parse_threshold("k", bad).is_err(), "{bad}");
-    }
-    assert_eq!(
-        Threshold::Percent(50.0).of(4 * GIBIBYTE_MILLI),
-        2 * GIBIBYTE_MILLI
-    );
-    assert_eq!(mebibytes(256 * MEBIBYTE_MILLI), "256Mi");
-    assert_eq!(mebibytes(MEBIBYTE_MILLI * 7 / 2), "3.5Mi");
-}
-
-#[test]
 fn storage_class_may_be_written_down_only_as_the_clusters() {
     let old = pool(|_| {});
     let cluster = parent(|_| {});
