@@ -2,8 +2,11 @@
 //! server, run together; with leader election, the controllers only while
 //! this replica leads.
 
+use crate::capi::template_capacity;
 use crate::leader::{self, LeaderElectionConfig};
 use crate::reconciler::{Context, ManagerConfig};
+use tenantry_api::kubevirt::KubevirtMachineTemplate;
+use tenantry_api::proxmox::ProxmoxMachineTemplate;
 
 /// Runs every controller and the admission webhooks until shutdown, without
 /// leader election (one replica).
@@ -74,10 +77,10 @@ async fn controllers(client: &kube::Client, config: &ManagerConfig) {
     tokio::join!(
         crate::kubevirt::cluster::run(context("kubevirtcluster")),
         crate::kubevirt::machine::run(context("kubevirtmachine")),
-        crate::kubevirt::template::run(context("kubevirtmachinetemplate")),
+        template_capacity::run::<KubevirtMachineTemplate>(context("kubevirtmachinetemplate")),
         crate::proxmox::cluster::run(context("proxmoxcluster")),
         crate::proxmox::machine::run(context("proxmoxmachine")),
-        crate::proxmox::template::run(context("proxmoxmachinetemplate")),
+        template_capacity::run::<ProxmoxMachineTemplate>(context("proxmoxmachinetemplate")),
         crate::remediation::run_kubevirt(context("kubevirtremediation")),
         crate::remediation::run_proxmox(context("proxmoxremediation")),
         crate::tenant::run(context("kubernetes")),

@@ -1,5 +1,5 @@
 //! The Cluster API contract as seen from an infrastructure provider: finding
-//! the owner Machine and the Cluster, pausing, bootstrap data, conditions.
+//! the owner Machine and the Cluster, pausing, bootstrap data, conditions, the machine templates' capacity.
 //! Shared by both substrates.
 
 pub mod bootstrap;
@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod owner;
 pub mod pause;
 pub mod stores;
+pub mod template_capacity;
 
 pub use tenantry_api::generated::capi::cluster::Cluster;
 pub use tenantry_api::generated::capi::machine::Machine;

@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tenantry_api::contract::CLUSTER_NAME_LABEL;
 
 use super::{Cluster, Machine};
@@ -23,6 +24,49 @@ pub fn cluster_name(meta: &ObjectMeta) -> Option<&str> {
         .as_ref()?
         .get(CLUSTER_NAME_LABEL)
         .map(String::as_str)
+}
+
+/// The infrastructure machine of kind `K` a Machine points at, if it
+/// points at one of that kind.
+pub fn infrastructure_machine<K>(machine: &Machine) -> Option<ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let reference = &machine.spec.infrastructure_ref;
+    (reference.kind == K::kind(&())).then(|| {
+        ObjectRef::new(&reference.name)
+            .within(machine.metadata.namespace.as_deref().unwrap_or_default())
+    })
+}
+
+/// The objects in `store` that belong to Cluster `namespace/cluster` (by
+/// CAPI's cluster-name label): what a change of the Cluster concerns.
+pub fn members_of<K>(store: &Store<K>, namespace: &str, cluster: &str) -> Vec<ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .state()
+        .into_iter()
+        .filter(|object| {
+            object.meta().namespace.as_deref() == Some(namespace)
+                && cluster_name(object.meta()) == Some(cluster)
+        })
+        .map(|object| ObjectRef::from_obj(object.as_ref()))
+        .collect()
+}
+
+/// The cluster's members in `store` a change of `cluster` concerns
+/// ([`members_of`]).
+pub fn members_of_cluster<K>(store: &Store<K>, cluster: &Cluster) -> Vec<ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    members_of(
+        store,
+        cluster.metadata.namespace.as_deref().unwrap_or_default(),
+        cluster.metadata.name.as_deref().unwrap_or_default(),
+    )
 }
 
 /// The name of the Cluster an infrastructure cluster belongs to: its

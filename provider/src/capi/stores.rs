@@ -44,6 +44,27 @@ pub struct CapiStores {
 }
 
 impl CapiStores {
+    /// The stores of a machine controller's Machine and Cluster watches,
+    /// with the watches (the controller maps their objects to machines).
+    pub fn watch(
+        client: &kube::Client,
+        config: &crate::reconciler::ManagerConfig,
+    ) -> (
+        CapiStores,
+        impl futures::Stream<Item = Result<Machine, kube::runtime::watcher::Error>> + Send + 'static,
+        impl futures::Stream<Item = Result<Cluster, kube::runtime::watcher::Error>> + Send + 'static,
+    ) {
+        let (machines, machine_watch) =
+            crate::reconciler::cache_watch(config.api::<Machine>(client), config.watcher_config());
+        let (clusters, cluster_watch) =
+            crate::reconciler::cache_watch(config.api::<Cluster>(client), config.watcher_config());
+        (
+            CapiStores { machines, clusters },
+            machine_watch,
+            cluster_watch,
+        )
+    }
+
     /// The Machine owning `meta`'s object, if any.
     pub async fn owner_machine(
         &self,

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod infra;
 pub mod machine;
+pub mod reasons;
 pub mod render;
 pub mod ssh;
 pub mod template;

@@ -3,25 +3,12 @@
 //! operating system) of the nodes the template makes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
 use tenantry_api::contract::{MachineTemplateStatus, NodeInfo};
 use tenantry_api::kubevirt::KubevirtMachineTemplate;
 
-use crate::reconciler::{self, Context, ReconcileError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
-
-impl ReconcileError for Error {}
+use crate::capi::template_capacity::CapacityTemplate;
 
 /// What a node made from the template provides. CPU is
 /// sockets × cores × threads of the domain (each defaulting to 1), else the
@@ -70,43 +57,14 @@ pub fn template_status(template: &KubevirtMachineTemplate) -> MachineTemplateSta
     }
 }
 
-/// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>) {
-    let api: Api<KubevirtMachineTemplate> = ctx.config.api(&ctx.client);
-    let controller = Controller::new(api, ctx.config.watcher_config())
-        .trigger_backoff(crate::reconciler::trigger_backoff())
-        .with_config(ctx.config.controller_config());
-    ctx.track_cache(controller.store());
-    controller
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "KubevirtMachineTemplate reconcile ended with an error");
-            }
-        })
-        .await;
-}
+impl CapacityTemplate for KubevirtMachineTemplate {
+    fn status(&self) -> Option<&MachineTemplateStatus> {
+        self.status.as_ref()
+    }
 
-async fn reconcile(
-    template: Arc<KubevirtMachineTemplate>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
-    let namespace = template.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<KubevirtMachineTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
-    let desired = template_status(&template);
-    reconciler::apply_status(&api, template.as_ref(), template.status.as_ref(), &desired).await?;
-    ctx.backoff()
-        .succeeded(&reconciler::object_key(template.as_ref()));
-    Ok(Action::requeue(Duration::from_secs(3600)))
-}
-
-fn error_policy(
-    template: Arc<KubevirtMachineTemplate>,
-    error: &Error,
-    ctx: Arc<Context>,
-) -> Action {
-    reconciler::error_policy(template, error, ctx)
+    fn desired_status(&self) -> MachineTemplateStatus {
+        template_status(self)
+    }
 }
 
 #[cfg(test)]

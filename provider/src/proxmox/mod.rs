@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod credentials;
 pub mod machine;
 pub mod nocloud;
+pub mod reasons;
 pub mod scheduler;
 pub mod template;
 

@@ -3,25 +3,12 @@
 //! the template makes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
 use tenantry_api::contract::{MachineTemplateStatus, NodeInfo};
 use tenantry_api::proxmox::ProxmoxMachineTemplate;
 
-use crate::reconciler::{self, Context, ReconcileError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
-
-impl ReconcileError for Error {}
+use crate::capi::template_capacity::CapacityTemplate;
 
 /// What a node made from the template provides: `numSockets` × `numCores`
 /// CPUs (a missing one counts as 1) and `memoryMiB`. Without either, the
@@ -47,39 +34,14 @@ pub fn template_status(template: &ProxmoxMachineTemplate) -> MachineTemplateStat
     }
 }
 
-/// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>) {
-    let api: Api<ProxmoxMachineTemplate> = ctx.config.api(&ctx.client);
-    let controller = Controller::new(api, ctx.config.watcher_config())
-        .trigger_backoff(crate::reconciler::trigger_backoff())
-        .with_config(ctx.config.controller_config());
-    ctx.track_cache(controller.store());
-    controller
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "ProxmoxMachineTemplate reconcile ended with an error");
-            }
-        })
-        .await;
-}
+impl CapacityTemplate for ProxmoxMachineTemplate {
+    fn status(&self) -> Option<&MachineTemplateStatus> {
+        self.status.as_ref()
+    }
 
-async fn reconcile(
-    template: Arc<ProxmoxMachineTemplate>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
-    let namespace = template.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<ProxmoxMachineTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
-    let desired = template_status(&template);
-    reconciler::apply_status(&api, template.as_ref(), template.status.as_ref(), &desired).await?;
-    ctx.backoff()
-        .succeeded(&reconciler::object_key(template.as_ref()));
-    Ok(Action::requeue(Duration::from_secs(3600)))
-}
-
-fn error_policy(template: Arc<ProxmoxMachineTemplate>, error: &Error, ctx: Arc<Context>) -> Action {
-    reconciler::error_policy(template, error, ctx)
+    fn desired_status(&self) -> MachineTemplateStatus {
+        template_status(self)
+    }
 }
 
 #[cfg(test)]

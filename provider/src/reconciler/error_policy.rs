@@ -28,16 +28,17 @@ pub trait ReconcileError: std::error::Error {
 /// The error policy every controller uses: deliberate waits requeue after
 /// their delay; real errors back off exponentially per object, up to the
 /// error's own cap if it has one.
-pub fn error_policy<K, E>(object: Arc<K>, error: &E, ctx: Arc<Context>) -> Action
+pub fn error_policy<K, E, C>(object: Arc<K>, error: &E, ctx: Arc<C>) -> Action
 where
     K: Resource<DynamicType = ()>,
     E: ReconcileError,
+    C: AsRef<Context>,
 {
     if let Some(delay) = error.wait() {
         return Action::requeue(delay);
     }
     let key = object_key(object.as_ref());
-    let delay = ctx.backoff().failed(&key);
+    let delay = (*ctx).as_ref().backoff().failed(&key);
     let delay = error.backoff_cap().map_or(delay, |cap| delay.min(cap));
     tracing::warn!(object = %key, error = %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)

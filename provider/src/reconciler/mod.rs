@@ -1,6 +1,6 @@
 //! What every reconciler shares, one concern per module: the manager's
 //! settings ([`config`]), how controllers watch ([`watch`]), the context of
-//! a controller ([`context`]), the one error type ([`mod@error`]), fair turns ([`turns`]), the per-object
+//! a controller ([`context`]), running it ([`mod@run`]), the one error type ([`mod@error`]), fair turns ([`turns`]), the per-object
 //! backoff ([`backoff`]) and error policy ([`mod@error_policy`]), reconciles
 //! under a finalizer ([`finalizer`]), status writes ([`status_write`]) and
 //! trigger throttling ([`throttle`]), and condition reasons with their
@@ -14,6 +14,7 @@ pub mod error;
 pub mod error_policy;
 pub mod finalizer;
 pub mod reasons;
+pub mod run;
 pub mod status_write;
 pub mod throttle;
 pub mod turns;
@@ -25,6 +26,7 @@ pub use context::Context;
 pub use error::{Error, OwnError};
 pub use error_policy::{ReconcileError, error_policy};
 pub use finalizer::{finalizer_wait, reconcile_with_finalizer};
+pub use run::run;
 pub use status_write::{
     FIELD_MANAGER, RECENT_STATUS, apply_status, apply_status_at_version, status_fingerprint,
 };

@@ -1,6 +1,7 @@
-//! Condition reasons as one enum per controller: each reason's text (also
-//! its metric label) and [`Severity`] are declared together, so what counts
-//! as a failure is never a list kept apart from the reasons.
+//! Condition reasons as one enum per substrate (KubeVirt, Proxmox VE, the
+//! tenant controllers, remediation): each reason's text (also its metric
+//! label) and [`Severity`] are declared together, so what counts as a
+//! failure is never a list kept apart from the reasons.
 
 /// How a reason reads to an operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,14 +52,6 @@ macro_rules! reasons {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
             }
-        }
-
-        /// Whether a condition reason deserves a Warning event.
-        // Not every controller asks by text (ProxmoxCluster warns by
-        // condition type).
-        #[allow(dead_code)]
-        pub fn is_failure(reason: &str) -> bool {
-            Reason::parse(reason).is_some_and(Reason::is_failure)
         }
     };
 }

@@ -96,22 +96,27 @@ where
 
 /// One watch feeding a cache store: backs off by [`watch_backoff`], keeps
 /// objects slimmed by [`slim_for_cache`], and yields each object it
-/// touched (to map to the reconciles it concerns).
+/// touched (to map to the reconciles it concerns). Returns the store and
+/// the watch, which fills the store only while a controller polls it.
 pub fn cache_watch<K>(
     api: Api<K>,
     config: kube::runtime::watcher::Config,
-    writer: kube::runtime::reflector::store::Writer<K>,
-) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
+) -> (
+    kube::runtime::reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
+)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    use kube::runtime::{WatchStreamExt, watcher};
-    watcher(api, config)
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config)
         .backoff(watch_backoff())
         .modify(slim_for_cache)
         .reflect(writer)
-        .touched_objects()
+        .touched_objects();
+    (store, stream)
 }
 
 /// A watcher configuration with tenantry's watch timeout.

@@ -5,7 +5,6 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -84,6 +83,12 @@ pub struct RemediationContext {
     pub pve: ClientCache,
 }
 
+impl AsRef<Context> for RemediationContext {
+    fn as_ref(&self) -> &Context {
+        &self.base
+    }
+}
+
 /// Runs the KubevirtRemediation controller until shutdown.
 pub async fn run_kubevirt(base: Arc<Context>) {
     run::<KubevirtRemediation>(base).await
@@ -108,7 +113,7 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         .with_config(config.controller_config());
     let store = controller.store();
     ctx.base.track_cache(store.clone());
-    controller
+    let controller = controller
         // A remediation is named after its Machine: the Machine's health
         // and deletion wake it up.
         .watches(
@@ -138,15 +143,8 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
                     .map(|r| ObjectRef::from_obj(r.as_ref()))
                     .collect::<Vec<_>>()
             },
-        )
-        .shutdown_on_signal()
-        .run(reconcile_remediation::<K>, error_policy::<K>, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "remediation reconcile ended with an error");
-            }
-        })
-        .await;
+        );
+    reconciler::run(controller, reconcile_remediation::<K>, ctx).await;
 }
 
 async fn reconcile_remediation<K: RemediationObject>(
@@ -168,12 +166,4 @@ async fn reconcile_remediation<K: RemediationObject>(
         ctx.base.backoff().succeeded(&key);
     }
     result
-}
-
-fn error_policy<K: RemediationObject>(
-    remediation: Arc<K>,
-    error: &Error,
-    ctx: Arc<RemediationContext>,
-) -> Action {
-    reconciler::error_policy(remediation, error, ctx.base.clone())
 }

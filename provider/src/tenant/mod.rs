@@ -20,6 +20,7 @@ pub mod access;
 pub mod kubernetes;
 pub mod kubernetes_nodes;
 pub mod pki;
+pub mod reasons;
 pub mod talos;
 
 pub use kubernetes::controller::run;

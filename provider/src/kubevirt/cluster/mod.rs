@@ -14,14 +14,13 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use tenantry_api::kubevirt::KubevirtCluster;
 
-use self::reconcile::{error_policy, reconcile};
+use self::reconcile::reconcile;
 use crate::capi::Cluster;
 use crate::kubevirt::infra::InfraClients;
 use crate::kubevirt::ssh::KeyError;
@@ -65,6 +64,12 @@ struct ClusterContext {
     infra: InfraClients,
 }
 
+impl AsRef<Context> for ClusterContext {
+    fn as_ref(&self) -> &Context {
+        &self.base
+    }
+}
+
 /// Runs the controller until shutdown.
 pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
@@ -79,7 +84,7 @@ pub async fn run(base: Arc<Context>) {
         .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
     ctx.base.track_cache(controller.store());
-    controller
+    let controller = controller
         .owns(config.api::<Service>(&client), service_config)
         .watches(
             config.api::<Cluster>(&client),
@@ -91,15 +96,8 @@ pub async fn run(base: Arc<Context>) {
                         .within(cluster.metadata.namespace.as_deref().unwrap_or_default())
                 })
             },
-        )
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "KubevirtCluster reconcile ended with an error");
-            }
-        })
-        .await;
+        );
+    reconciler::run(controller, reconcile, ctx).await;
 }
 
 mod act;

@@ -22,14 +22,6 @@ use crate::capi::{owner, pause};
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::reconciler::{self, FIELD_MANAGER};
 
-pub(super) fn error_policy(
-    object: Arc<KubevirtCluster>,
-    error: &Error,
-    ctx: Arc<ClusterContext>,
-) -> Action {
-    reconciler::error_policy(object, error, ctx.base.clone())
-}
-
 pub(super) async fn reconcile(
     object: Arc<KubevirtCluster>,
     ctx: Arc<ClusterContext>,

@@ -9,16 +9,8 @@ use tenantry_api::kubevirt::{KubevirtCluster, KubevirtClusterStatus};
 
 use super::Error;
 use crate::capi::conditions::{self, DesiredCondition};
+pub use crate::kubevirt::reasons::Reason;
 use crate::reconciler;
-use crate::reconciler::reasons::reasons;
-
-reasons! {
-    WaitingForOwnerCluster = "WaitingForOwnerCluster", Progress;
-    InfraClusterUnavailable = "InfraClusterUnavailable", Failure;
-    WaitingForLoadBalancer = "WaitingForLoadBalancer", Progress;
-    LoadBalancerAvailable = "LoadBalancerAvailable", Progress;
-    Provisioned = "Provisioned", Progress;
-}
 
 pub(super) async fn report(
     api: &Api<KubevirtCluster>,

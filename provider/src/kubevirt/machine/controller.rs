@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::Event as Finalizer;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
@@ -15,7 +14,8 @@ use tenantry_api::kubevirt::{KUBEVIRT_MACHINE_FINALIZER, KubevirtCluster, Kubevi
 
 use super::cache::Caches;
 use super::reconcile::{self, Error};
-use crate::capi::{Cluster, Machine};
+use crate::capi::owner;
+use crate::capi::stores::CapiStores;
 use crate::kubevirt::infra::InfraClients;
 use crate::kubevirt::render::{MACHINE_NAME_LABEL, MACHINE_NAMESPACE_LABEL};
 use crate::reconciler::{self, Context};
@@ -25,6 +25,12 @@ pub struct MachineContext {
     pub base: Arc<Context>,
     pub infra: InfraClients,
     pub caches: Caches,
+}
+
+impl AsRef<Context> for MachineContext {
+    fn as_ref(&self) -> &Context {
+        &self.base
+    }
 }
 
 /// Maps an object labelled with its machine's name and namespace (VM, VMI,
@@ -47,52 +53,29 @@ pub async fn run(base: Arc<Context>) {
     let machines: Api<KubevirtMachine> = config.api(&client);
     // Only objects tenantry labelled are watched in the infrastructure
     // (management) cluster.
-    let labelled = crate::reconciler::watch_config()
+    let labelled = reconciler::watch_config()
         .labels(MACHINE_NAME_LABEL)
         .any_semantic();
     // Each watch feeds a store (read by reconciles, see cache.rs) and
     // triggers reconciles of the machines it concerns.
-    let (vms, vm_writer) = reflector::store();
-    let (vmis, vmi_writer) = reflector::store();
-    let (data_volumes, dv_writer) = reflector::store();
-    let (owner_machines, machine_writer) = reflector::store();
-    let (clusters, cluster_writer) = reflector::store();
-    let (kubevirt_clusters, kubevirt_cluster_writer) = reflector::store();
-    let vm_stream = crate::reconciler::cache_watch(
-        config.api::<VirtualMachine>(&client),
-        labelled.clone(),
-        vm_writer,
-    );
-    let vmi_stream = crate::reconciler::cache_watch(
+    let (vms, vm_watch) =
+        reconciler::cache_watch(config.api::<VirtualMachine>(&client), labelled.clone());
+    let (vmis, vmi_watch) = reconciler::cache_watch(
         config.api::<VirtualMachineInstance>(&client),
         labelled.clone(),
-        vmi_writer,
     );
-    let dv_stream =
-        crate::reconciler::cache_watch(config.api::<DataVolume>(&client), labelled, dv_writer);
-    let machine_stream = crate::reconciler::cache_watch(
-        config.api::<Machine>(&client),
-        config.watcher_config(),
-        machine_writer,
-    );
-    let cluster_stream = crate::reconciler::cache_watch(
-        config.api::<Cluster>(&client),
-        config.watcher_config(),
-        cluster_writer,
-    );
-    let kubevirt_cluster_stream = crate::reconciler::cache_watch(
+    let (data_volumes, dv_watch) =
+        reconciler::cache_watch(config.api::<DataVolume>(&client), labelled);
+    let (capi, machine_watch, cluster_watch) = CapiStores::watch(&client, &config);
+    let (kubevirt_clusters, kubevirt_cluster_watch) = reconciler::cache_watch(
         config.api::<KubevirtCluster>(&client),
         config.watcher_config(),
-        kubevirt_cluster_writer,
     );
     let ctx = Arc::new(MachineContext {
         base,
         infra: InfraClients::default(),
         caches: Caches {
-            capi: crate::capi::stores::CapiStores {
-                machines: owner_machines,
-                clusters,
-            },
+            capi,
             kubevirt_clusters,
             vms,
             vmis,
@@ -100,50 +83,29 @@ pub async fn run(base: Arc<Context>) {
             watched_namespace: config.namespace.clone(),
         },
     });
-    let controller = crate::reconciler::slim_controller(machines, config.watcher_config());
+    let controller = reconciler::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     ctx.base.track_cache(store.clone());
-    controller
+    let controller = controller
         // A VM's start is a burst of VMI and VM status changes; one
         // reconcile after the burst sees the same end state as one per
         // change, for a fraction of the requests.
         .with_config(config.controller_config().debounce(DEBOUNCE))
-        .watches_stream(vm_stream, |vm| labelled_machine(&vm))
-        .watches_stream(vmi_stream, |vmi| labelled_machine(&vmi))
-        .watches_stream(dv_stream, |dv| labelled_machine(&dv))
-        .watches_stream(machine_stream, |machine| {
-            let reference = &machine.spec.infrastructure_ref;
-            (reference.kind == "KubevirtMachine").then(|| {
-                ObjectRef::new(&reference.name)
-                    .within(machine.metadata.namespace.as_deref().unwrap_or_default())
-            })
+        .watches_stream(vm_watch, |vm| labelled_machine(&vm))
+        .watches_stream(vmi_watch, |vmi| labelled_machine(&vmi))
+        .watches_stream(dv_watch, |dv| labelled_machine(&dv))
+        .watches_stream(machine_watch, |machine| {
+            owner::infrastructure_machine(&machine)
         })
-        .watches_stream(cluster_stream, move |cluster| {
-            // A Cluster change (unpause, infrastructure provisioned, control
-            // plane initialized) concerns all of its machines.
-            let name = cluster.metadata.name.clone().unwrap_or_default();
-            let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
-            store
-                .state()
-                .into_iter()
-                .filter(|m| {
-                    m.metadata.namespace.as_deref() == Some(namespace.as_str())
-                        && crate::capi::owner::cluster_name(&m.metadata) == Some(name.as_str())
-                })
-                .map(|m| ObjectRef::from_obj(m.as_ref()))
-                .collect::<Vec<_>>()
+        // A Cluster change (unpause, infrastructure provisioned, control
+        // plane initialized) concerns all of its machines.
+        .watches_stream(cluster_watch, move |cluster| {
+            owner::members_of_cluster(&store, &cluster)
         })
         // Read only (infraClusterSecretRef, SSH keys); the Cluster watch
         // wakes the machines when the KubevirtCluster gets ready.
-        .watches_stream(kubevirt_cluster_stream, |_| None)
-        .shutdown_on_signal()
-        .run(reconcile_machine, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "KubevirtMachine reconcile ended with an error");
-            }
-        })
-        .await;
+        .watches_stream(kubevirt_cluster_watch, |_| None);
+    reconciler::run(controller, reconcile_machine, ctx).await;
 }
 
 async fn reconcile_machine(
@@ -162,8 +124,4 @@ async fn reconcile_machine(
         },
     )
     .await
-}
-
-fn error_policy(machine: Arc<KubevirtMachine>, error: &Error, ctx: Arc<MachineContext>) -> Action {
-    reconciler::error_policy(machine, error, ctx.base.clone())
 }

@@ -4,52 +4,12 @@
 
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::stores::NotYet;
-pub use crate::reconciler::reasons::Severity;
-use crate::reconciler::reasons::reasons;
+pub use crate::kubevirt::reasons::Reason;
 
 /// Condition: the VirtualMachine exists and its instance is Ready (CAPK's name).
 pub const VM_PROVISIONED: &str = "VMProvisioned";
 /// Condition: the bootstrap check passed (CAPK's name).
 pub const BOOTSTRAP_EXEC_SUCCEEDED: &str = "BootstrapExecSucceeded";
-
-reasons! {
-    WaitingForOwnerMachine = "WaitingForOwnerMachine", Progress;
-    WaitingForCluster = "WaitingForCluster", Progress;
-    WaitingForClusterInfrastructure = "WaitingForClusterInfrastructure", Progress;
-    WaitingForControlPlane = "WaitingForControlPlaneInitialized", Progress;
-    WaitingForBootstrapData = "WaitingForBootstrapData", Progress;
-    BootstrapDataSecretMissing = "BootstrapDataSecretNotFound", Failure;
-    InfraClusterUnavailable = "InfraClusterUnavailable", Failure;
-    /// A request to the infrastructure cluster failed; retried with backoff.
-    InfraClusterApiError = "InfraClusterAPIError", Progress;
-    InvalidSpec = "InvalidSpec", Failure;
-    VmCreateFailed = "VMCreateFailed", Failure;
-    WaitingForVm = "WaitingForVirtualMachine", Progress;
-    DataVolumeImporting = "DataVolumeImporting", Progress;
-    DataVolumeImportFailed = "DataVolumeImportFailed", Failure;
-    WaitingForVmi = "WaitingForVirtualMachineInstance", Progress;
-    VmStopped = "VMStopped", Progress;
-    VmStartFailing = "VMStartFailing", Failure;
-    Unschedulable = "Unschedulable", Failure;
-    ImagePullFailed = "ImagePullFailed", Failure;
-    VmiFailed = "VMIFailed", Failure;
-    VmiEvicted = "VMIEvicted", Failure;
-    VmNotReady = "VMNotReady", Progress;
-    VmTerminal = "VMTerminal", Failure;
-    Provisioned = "Provisioned", Progress;
-    Deleting = "Deleting", Progress;
-    BootstrapCheckDisabled = "BootstrapCheckDisabled", Progress;
-    BootstrapCheckNotSupported = "BootstrapCheckingNotSupported", Progress;
-    WaitingForSshKeys = "WaitingForSSHKeys", Progress;
-    SshKeysInvalid = "SSHKeysInvalid", Failure;
-    InvalidBootstrapData = "InvalidBootstrapData", Failure;
-    WaitingForIpAddress = "WaitingForIPAddress", Progress;
-    WaitingForBootstrapSentinel = "WaitingForBootstrapSentinel", Progress;
-    BootstrapSentinelUnexpected = "BootstrapSentinelUnexpected", Failure;
-    SshConnectionFailed = "SSHConnectionFailed", Progress;
-    SshAuthenticationFailed = "SSHAuthenticationFailed", Progress;
-    BootstrapSentinelFound = "BootstrapSentinelFound", Progress;
-}
 
 impl Reason {
     /// The reason of a machine waiting for its owners (pause is not a
@@ -77,10 +37,13 @@ mod tests {
         for reason in Reason::ALL {
             assert_eq!(Reason::parse(reason.as_str()), Some(*reason));
         }
-        assert!(is_failure("DataVolumeImportFailed"));
-        assert!(is_failure("VMCreateFailed"));
-        assert!(!is_failure("WaitingForVirtualMachineInstance"));
-        assert!(!is_failure("InfraClusterAPIError"), "passes by itself");
-        assert!(!is_failure("Paused"));
+        assert!(Reason::parse("DataVolumeImportFailed").is_some_and(Reason::is_failure));
+        assert!(Reason::parse("VMCreateFailed").is_some_and(Reason::is_failure));
+        assert!(!Reason::parse("WaitingForVirtualMachineInstance").is_some_and(Reason::is_failure));
+        assert!(
+            !Reason::parse("InfraClusterAPIError").is_some_and(Reason::is_failure),
+            "passes by itself"
+        );
+        assert!(!Reason::parse("Paused").is_some_and(Reason::is_failure));
     }
 }

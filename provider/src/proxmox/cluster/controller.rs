@@ -68,7 +68,7 @@ pub async fn run(base: Arc<Context>) {
     let store = controller.store();
     base.track_cache(store.clone());
     let ctx = Arc::new(ClusterContext::new(base));
-    controller
+    let controller = controller
         .watches(
             config.api::<Cluster>(&client),
             config.watcher_config(),
@@ -87,15 +87,8 @@ pub async fn run(base: Arc<Context>) {
         .reconcile_on(reconciler::throttle_triggers(
             machine_triggers(&client, &config, store),
             MACHINE_TRIGGER_INTERVAL,
-        ))
-        .shutdown_on_signal()
-        .run(reconcile_cluster, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "ProxmoxCluster reconcile ended with an error");
-            }
-        })
-        .await;
+        ));
+    reconciler::run(controller, reconcile_cluster, ctx).await;
 }
 
 async fn reconcile_cluster(
@@ -114,8 +107,4 @@ async fn reconcile_cluster(
         },
     )
     .await
-}
-
-fn error_policy(object: Arc<ProxmoxCluster>, error: &Error, ctx: Arc<ClusterContext>) -> Action {
-    reconciler::error_policy(object, error, ctx.base.clone())
 }

@@ -42,6 +42,12 @@ pub struct ClusterContext {
     pub(super) preflights: Mutex<PreflightCache>,
 }
 
+impl AsRef<Context> for ClusterContext {
+    fn as_ref(&self) -> &Context {
+        &self.base
+    }
+}
+
 impl ClusterContext {
     pub fn new(base: Arc<Context>) -> Self {
         Self {

@@ -9,24 +9,8 @@ use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxClusterStatus};
 
 use super::reconcile::Error;
 use crate::capi::conditions::{self, DesiredCondition};
+pub use crate::proxmox::reasons::Reason;
 use crate::reconciler;
-use crate::reconciler::reasons::reasons;
-
-reasons! {
-    WaitingForOwnerCluster = "WaitingForOwnerCluster", Progress;
-    InvalidAddressPool = "InvalidAddressPool", Failure;
-    WaitingForEndpoint = "WaitingForControlPlaneEndpoint", Progress;
-    /// `ProxmoxAvailable`: the PVE API answers with the credentials.
-    Available = "Available", Progress;
-    AllPrivilegesHeld = "AllPrivilegesHeld", Progress;
-    /// `PrivilegesSufficient` False; warned of through its condition type.
-    MissingPrivileges = "MissingPrivileges", Failure;
-    Scoped = "ScopedToTenant", Progress;
-    /// `TokenScoped` False: a warning, not a failure of the cluster.
-    ReachesEveryVm = "TokenReachesEveryVM", Progress;
-    Provisioned = "Provisioned", Progress;
-    Deleting = "Deleting", Progress;
-}
 
 /// The outcome a reconcile reports.
 #[derive(Default)]

@@ -11,71 +11,7 @@ use crate::proxmox::client::ProxmoxError;
 /// (capmox's name).
 pub const VM_PROVISIONED: &str = "VirtualMachineProvisioned";
 
-pub use crate::reconciler::reasons::Severity;
-use crate::reconciler::reasons::reasons;
-
-reasons! {
-    // The reasons on `VirtualMachineProvisioned` and `Ready`, in the order
-    // a machine meets them; capmox's names where capmox has one.
-    WaitingForOwnerMachine = "WaitingForOwnerMachine", Progress;
-    WaitingForCluster = "WaitingForCluster", Progress;
-    WaitingForClusterInfrastructure = "WaitingForClusterInfrastructure", Progress;
-    WaitingForControlPlane = "WaitingForControlPlaneInitialized", Progress;
-    WaitingForBootstrapData = "WaitingForBootstrapData", Progress;
-    BootstrapDataSecretMissing = "BootstrapDataSecretNotFound", Failure;
-    ProxmoxClusterNotFound = "ProxmoxClusterNotFound", Failure;
-    // The ProxmoxCluster's credentials and client settings.
-    CredentialsRefInvalid = "CredentialsRefInvalid", Failure;
-    CredentialsSecretNotFound = "CredentialsSecretNotFound", Failure;
-    CredentialsInvalid = "CredentialsInvalid", Failure;
-    CredentialsUnreadable = "CredentialsUnreadable", Failure;
-    InvalidUrl = "InvalidURL", Failure;
-    InvalidCredentials = "InvalidCredentials", Failure;
-    InvalidCertificateAuthority = "InvalidCertificateAuthority", Failure;
-    ClientSetupFailed = "ClientSetupFailed", Failure;
-    // What PVE refused, named after PVE's answer.
-    Unauthorized = "Unauthorized", Failure;
-    PermissionDenied = "PermissionDenied", Failure;
-    TlsHandshakeFailed = "TLSHandshakeFailed", Failure;
-    InvalidSpec = "InvalidSpec", Failure;
-    TemplateNotFound = "TemplateNotFound", Failure;
-    NodeCapacityUnknown = "NodeCapacityUnknown", Failure;
-    InsufficientResources = "InsufficientResources", Failure;
-    NoNodeAvailable = "NoNodeAvailable", Failure;
-    VmidRangeExhausted = "VMIDRangeExhausted", Failure;
-    StorageOutsidePool = "StorageOutsidePool", Failure;
-    /// The PVE API did not answer, or answered "busy": retried with backoff.
-    ProxmoxUnavailable = "ProxmoxUnavailable", Progress;
-    /// PVE refused a request no step names a reason for: retried with backoff.
-    ProxmoxRequestFailed = "ProxmoxRequestFailed", Failure;
-    /// Ready to provision; waiting for one of the manager's reconciles.
-    WaitingForTurn = "WaitingForProvisioningTurn", Progress;
-    Cloning = "Cloning", Progress;
-    CloningFailed = "CloningFailed", Failure;
-    VmOutsidePool = "VMOutsidePool", Failure;
-    VmNotOwned = "VMNotOwned", Failure;
-    VmNotFound = "VMNotFound", Failure;
-    VmLocked = "VMLocked", Progress;
-    Configuring = "WaitingForVMConfiguration", Progress;
-    ConfigurationFailed = "VMConfigurationFailed", Failure;
-    ResizingDisk = "WaitingForDiskReconciliation", Progress;
-    DiskResizeFailed = "DiskResizeFailed", Failure;
-    WaitingForStaticIp = "WaitingForStaticIPAllocation", Progress;
-    IpAllocationFailed = "IPAddressClaimFailed", Failure;
-    IpAddressConflict = "IPAddressConflict", Failure;
-    UploadingBootstrapData = "WaitingForBootstrapDataReconciliation", Progress;
-    BootstrapDataFailed = "BootstrapDataReconciliationFailed", Failure;
-    PoweringOn = "WaitingForVMPowerUp", Progress;
-    PoweringOnFailed = "PoweringOnFailed", Failure;
-    WaitingForGuestAgent = "WaitingForGuestAgent", Progress;
-    WaitingForGuestAddresses = "WaitingForGuestAddresses", Progress;
-    GuestAgentNotConfigured = "GuestAgentNotConfigured", Failure;
-    VmNotRunning = "VMNotRunning", Failure;
-    Provisioned = "Provisioned", Progress;
-    Deleting = "Deleting", Progress;
-    DeletionFailed = "DeletionFailed", Failure;
-    TaskFailed = "TaskFailed", Failure;
-}
+pub use crate::proxmox::reasons::Reason;
 
 impl Reason {
     /// What a task of a type is doing while it runs, and what its failure
@@ -163,10 +99,10 @@ mod tests {
         assert_eq!(Reason::of_backoff(&unavailable), Reason::ProxmoxUnavailable);
         assert_eq!(Reason::of_backoff(&refused), Reason::ProxmoxRequestFailed);
         assert_eq!(Reason::of_backoff(&missing), Reason::ProxmoxRequestFailed);
-        assert!(is_failure("ProxmoxRequestFailed"));
-        assert!(!is_failure("ProxmoxUnavailable"));
-        assert!(!is_failure("WaitingForProvisioningTurn"));
-        assert!(!is_failure("SomethingElse"));
+        assert!(Reason::parse("ProxmoxRequestFailed").is_some_and(Reason::is_failure));
+        assert!(!Reason::parse("ProxmoxUnavailable").is_some_and(Reason::is_failure));
+        assert!(!Reason::parse("WaitingForProvisioningTurn").is_some_and(Reason::is_failure));
+        assert!(!Reason::parse("SomethingElse").is_some_and(Reason::is_failure));
     }
 
     #[test]

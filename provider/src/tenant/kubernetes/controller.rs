@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
@@ -81,15 +80,7 @@ pub async fn run(base: Arc<Context>) {
             "EtcdCluster CRD not installed: the Kubernetes controller polls instead of watching"
         );
     }
-    controller
-        .shutdown_on_signal()
-        .run(reconcile_kubernetes, error_policy, base)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "Kubernetes reconcile ended with an error");
-            }
-        })
-        .await;
+    reconciler::run(controller, reconcile_kubernetes, base).await;
 }
 
 async fn reconcile_kubernetes(object: Arc<Kubernetes>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -109,8 +100,4 @@ async fn crd_installed(client: &kube::Client, name: &str) -> bool {
         .ok()
         .flatten()
         .is_some()
-}
-
-fn error_policy(object: Arc<Kubernetes>, error: &Error, ctx: Arc<Context>) -> Action {
-    reconciler::error_policy(object, error, ctx)
 }

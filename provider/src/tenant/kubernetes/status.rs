@@ -9,25 +9,9 @@ use tenantry_api::tenant::{Kubernetes, READY_CONDITION};
 use crate::capi::conditions::{self, DesiredCondition};
 use crate::reconciler::{self, Context};
 
-/// How often a cluster on its way up is looked at again.
 use super::decide;
 use super::reconcile::Error;
-pub use crate::reconciler::reasons::Severity;
-use crate::reconciler::reasons::reasons;
-
-reasons! {
-    EtcdAvailable = "EtcdAvailable", Progress;
-    EtcdNotAvailable = "EtcdNotAvailable", Failure;
-    EtcdProvisioning = "EtcdProvisioning", Progress;
-    ControlPlaneReady = "ControlPlaneReady", Progress;
-    WaitingForEtcd = "WaitingForEtcd", Progress;
-    ControlPlaneProvisioning = "ControlPlaneProvisioning", Progress;
-    ControlPlaneUpgrading = "ControlPlaneUpgrading", Progress;
-    ControlPlaneFailed = "ControlPlaneFailed", Failure;
-    KubeconfigMissing = "AdminKubeconfigMissing", Progress;
-    Ready = "Ready", Progress;
-    ApplyFailed = "ApplyFailed", Failure;
-}
+pub use crate::tenant::reasons::Reason;
 
 /// What a reconcile found, for [`write_status`].
 pub(super) struct Report {

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::Event as Finalizer;
@@ -32,7 +31,7 @@ pub async fn run(base: Arc<Context>) {
     // A change of the parent (talos.*, version) changes what its pools
     // render: every pool naming it is reconciled.
     let parents: Api<Kubernetes> = config.api(&client);
-    controller
+    let controller = controller
         .watches(parents, crate::reconciler::watch_config(), move |parent| {
             let name = parent.metadata.name.clone().unwrap_or_default();
             let namespace = parent.metadata.namespace.clone();
@@ -47,15 +46,8 @@ pub async fn run(base: Arc<Context>) {
             deployments,
             act::machine_deployment_resource(),
             crate::reconciler::watch_config().labels(super::render::POOL_LABEL),
-        )
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, base)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "KubernetesNodes reconcile ended with an error");
-            }
-        })
-        .await;
+        );
+    reconciler::run(controller, reconcile, base).await;
 }
 
 async fn reconcile(object: Arc<KubernetesNodes>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -66,8 +58,4 @@ async fn reconcile(object: Arc<KubernetesNodes>, ctx: Arc<Context>) -> Result<Ac
         }
     })
     .await
-}
-
-fn error_policy(object: Arc<KubernetesNodes>, error: &Error, ctx: Arc<Context>) -> Action {
-    reconciler::error_policy(object, error, ctx)
 }

@@ -16,22 +16,7 @@ use crate::reconciler::{self, Context};
 
 use super::decide;
 use super::reconcile::Error;
-pub use crate::reconciler::reasons::Severity;
-use crate::reconciler::reasons::reasons;
-
-reasons! {
-    ClusterNotFound = "ClusterNotFound", Failure;
-    ClusterDeleting = "ClusterDeleting", Progress;
-    WaitingForControlPlane = "WaitingForControlPlane", Progress;
-    TenantUnreachable = "TenantUnreachable", Failure;
-    ApplyFailed = "ApplyFailed", Failure;
-    Scaling = "Scaling", Progress;
-    RollingOut = "RollingOut", Progress;
-    WorkersNotReady = "WorkersNotReady", Progress;
-    WorkersReady = "WorkersReady", Progress;
-    NoWorkersWanted = "NoWorkersWanted", Progress;
-    Ready = "Ready", Progress;
-}
+pub use crate::tenant::reasons::Reason;
 
 pub(super) async fn write_status(
     ctx: &Context,
