@@ -116,7 +116,25 @@ pub enum NotYet {
     InfrastructureNotProvisioned { name: String },
 }
 
+/// The reasons a substrate's machines report while they wait for their
+/// owners (each substrate names them in its own `Reason` enum).
+pub trait OwnerWaits: Copy {
+    const OWNER_MACHINE: Self;
+    const CLUSTER: Self;
+    const CLUSTER_INFRASTRUCTURE: Self;
+}
+
 impl NotYet {
+    /// The reason a machine reports while it waits (pause is not a wait:
+    /// it is reported on `Paused`).
+    pub fn reason<R: OwnerWaits>(&self) -> R {
+        match self {
+            NotYet::NoOwnerMachine | NotYet::Paused(_) => R::OWNER_MACHINE,
+            NotYet::NoCluster { .. } => R::CLUSTER,
+            NotYet::InfrastructureNotProvisioned { .. } => R::CLUSTER_INFRASTRUCTURE,
+        }
+    }
+
     /// What a machine of `kind` (e.g. `ProxmoxMachine`) says while it waits.
     pub fn message(&self, kind: &str) -> String {
         match self {
@@ -142,6 +160,22 @@ impl NotYet {
 }
 
 impl CapiStores {
+    /// The Cluster `meta`'s object belongs to by CAPI's cluster-name label:
+    /// the name, and the Cluster if it exists.
+    pub async fn labelled_cluster(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        meta: &ObjectMeta,
+    ) -> kube::Result<(Option<String>, Option<Cluster>)> {
+        let name = owner::cluster_name(meta).map(str::to_string);
+        let cluster = match &name {
+            Some(name) => self.cluster(client, namespace, name).await?,
+            None => None,
+        };
+        Ok((name, cluster))
+    }
+
     /// The owner Machine and Cluster of the infrastructure machine `meta`,
     /// or what it still waits for. The Cluster named by the machine's label
     /// is read first, so pause holds even without an owner Machine.
@@ -151,11 +185,8 @@ impl CapiStores {
         namespace: &str,
         meta: &ObjectMeta,
     ) -> kube::Result<Result<Owners, NotYet>> {
-        let labelled_cluster = owner::cluster_name(meta).map(str::to_string);
-        let mut cluster = match &labelled_cluster {
-            Some(name) => self.cluster(client, namespace, name).await?,
-            None => None,
-        };
+        let (labelled_cluster, mut cluster) =
+            self.labelled_cluster(client, namespace, meta).await?;
         if let Some(by) = paused_by(cluster.as_ref(), meta) {
             return Ok(Err(NotYet::Paused(by)));
         }

@@ -23,7 +23,7 @@ use super::decide::{self, BootstrapCheck, VmState, Wait};
 use super::status::{self, BOOTSTRAP_EXEC_SUCCEEDED, Reason};
 use crate::capi::bootstrap::BootstrapFormat;
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::capi::{owner, pause};
+use crate::capi::pause;
 use crate::kubevirt::infra::InfraClusterError;
 use crate::kubevirt::render;
 use crate::reconciler;
@@ -426,17 +426,16 @@ impl Run<'_> {
     }
 
     async fn delete(&self) -> Result<Action, Halt> {
-        let cluster_name = owner::cluster_name(&self.machine.metadata).map(str::to_string);
-        let cluster = match &cluster_name {
-            Some(name) => {
-                self.ctx
-                    .caches
-                    .capi
-                    .cluster(&self.ctx.base.client, &self.namespace, name)
-                    .await?
-            }
-            None => None,
-        };
+        let (_, cluster) = self
+            .ctx
+            .caches
+            .capi
+            .labelled_cluster(
+                &self.ctx.base.client,
+                &self.namespace,
+                &self.machine.metadata,
+            )
+            .await?;
         if self.paused(cluster.as_ref()).await? {
             return Err(Error::Waiting(
                 "paused: deletion waits for unpause".into(),

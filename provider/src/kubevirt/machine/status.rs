@@ -3,7 +3,7 @@
 //! with how serious each is (CAPK's names where CAPK has one).
 
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::capi::stores::NotYet;
+use crate::capi::stores::OwnerWaits;
 pub use crate::kubevirt::reasons::Reason;
 
 /// Condition: the VirtualMachine exists and its instance is Ready (CAPK's name).
@@ -11,16 +11,10 @@ pub const VM_PROVISIONED: &str = "VMProvisioned";
 /// Condition: the bootstrap check passed (CAPK's name).
 pub const BOOTSTRAP_EXEC_SUCCEEDED: &str = "BootstrapExecSucceeded";
 
-impl Reason {
-    /// The reason of a machine waiting for its owners (pause is not a
-    /// wait: it is reported on `Paused`).
-    pub fn waiting_for(not_yet: &NotYet) -> Reason {
-        match not_yet {
-            NotYet::NoOwnerMachine | NotYet::Paused(_) => Reason::WaitingForOwnerMachine,
-            NotYet::NoCluster { .. } => Reason::WaitingForCluster,
-            NotYet::InfrastructureNotProvisioned { .. } => Reason::WaitingForClusterInfrastructure,
-        }
-    }
+impl OwnerWaits for Reason {
+    const OWNER_MACHINE: Reason = Reason::WaitingForOwnerMachine;
+    const CLUSTER: Reason = Reason::WaitingForCluster;
+    const CLUSTER_INFRASTRUCTURE: Reason = Reason::WaitingForClusterInfrastructure;
 }
 
 /// The pair of conditions a machine reports while no VM speaks for it.

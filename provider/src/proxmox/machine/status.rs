@@ -4,7 +4,7 @@
 //! them from here.
 
 use crate::capi::conditions::{self, DesiredCondition};
-use crate::capi::stores::NotYet;
+use crate::capi::stores::OwnerWaits;
 use crate::proxmox::client::ProxmoxError;
 
 /// Condition: the VM exists, is configured, runs and reported its address
@@ -57,16 +57,10 @@ impl Reason {
     }
 }
 
-impl Reason {
-    /// The reason of a machine waiting for its owners (pause is not a
-    /// wait: it is reported on `Paused`).
-    pub fn waiting_for(not_yet: &NotYet) -> Reason {
-        match not_yet {
-            NotYet::NoOwnerMachine | NotYet::Paused(_) => Reason::WaitingForOwnerMachine,
-            NotYet::NoCluster { .. } => Reason::WaitingForCluster,
-            NotYet::InfrastructureNotProvisioned { .. } => Reason::WaitingForClusterInfrastructure,
-        }
-    }
+impl OwnerWaits for Reason {
+    const OWNER_MACHINE: Reason = Reason::WaitingForOwnerMachine;
+    const CLUSTER: Reason = Reason::WaitingForCluster;
+    const CLUSTER_INFRASTRUCTURE: Reason = Reason::WaitingForClusterInfrastructure;
 }
 
 /// The pair of conditions a machine reports while not provisioned.

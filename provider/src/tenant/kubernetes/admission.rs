@@ -66,6 +66,22 @@ impl Verdict {
         self.errors.is_empty()
     }
 
+    /// Asserts that exactly `errors` were found, in order: each a field and
+    /// a phrase its message contains. `case` names the table row.
+    #[cfg(test)]
+    pub fn assert_errors(&self, case: &str, errors: &[(&str, &str)]) {
+        let got: Vec<&str> = self.errors.iter().map(|e| e.field.as_str()).collect();
+        let want: Vec<&str> = errors.iter().map(|(field, _)| *field).collect();
+        assert_eq!(got, want, "{case}: {self:#?}");
+        for (error, (_, phrase)) in self.errors.iter().zip(errors) {
+            assert!(
+                error.message.contains(phrase),
+                "{case}: {:?} lacks {phrase:?}",
+                error.message
+            );
+        }
+    }
+
     fn refuse(&mut self, field: impl Into<String>, message: impl Into<String>) {
         self.errors.push(FieldError {
             field: field.into(),

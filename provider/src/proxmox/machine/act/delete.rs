@@ -7,7 +7,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::claims;
-use crate::capi::{owner, pause};
+use crate::capi::pause;
 use crate::proxmox::client::{DeleteParams, ProxmoxClient};
 use crate::proxmox::machine::decide::{POLL, VmVerdict, VmidSource};
 use crate::proxmox::machine::reconcile::{Error, Halt, Run, refused};
@@ -20,17 +20,12 @@ impl Run<'_> {
     /// addresses. The finalizer goes only when all of that is done.
     pub(in crate::proxmox::machine) async fn delete(&mut self) -> Result<Action, Halt> {
         let kube = self.ctx.base.client.clone();
-        let cluster_name = owner::cluster_name(&self.machine.metadata).map(str::to_string);
-        let cluster = match &cluster_name {
-            Some(name) => {
-                self.ctx
-                    .caches
-                    .capi
-                    .cluster(&kube, &self.namespace, name)
-                    .await?
-            }
-            None => None,
-        };
+        let (cluster_name, cluster) = self
+            .ctx
+            .caches
+            .capi
+            .labelled_cluster(&kube, &self.namespace, &self.machine.metadata)
+            .await?;
         if let Some(by) = pause::paused_by(cluster.as_ref(), &self.machine.metadata) {
             self.report_paused(by).await?;
             return Err(Error::Waiting(

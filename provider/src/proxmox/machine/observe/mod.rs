@@ -140,7 +140,7 @@ impl Run<'_> {
             }
             Err(not_yet) => {
                 return Err(Halt::wait(
-                    Reason::waiting_for(&not_yet),
+                    not_yet.reason(),
                     not_yet.message("ProxmoxMachine"),
                     not_yet.retry(RESYNC),
                 ));

@@ -58,17 +58,7 @@ struct Case {
 fn check(cases: Vec<Case>) {
     for case in cases {
         let verdict = validate(&case.pool, None, case.parent.as_ref());
-        let got: Vec<&str> = verdict.errors.iter().map(|e| e.field.as_str()).collect();
-        let want: Vec<&str> = case.errors.iter().map(|(field, _)| *field).collect();
-        assert_eq!(got, want, "{}: {verdict:#?}", case.name);
-        for (error, (_, phrase)) in verdict.errors.iter().zip(case.errors) {
-            assert!(
-                error.message.contains(phrase),
-                "{}: {:?} lacks {phrase:?}",
-                case.name,
-                error.message
-            );
-        }
+        verdict.assert_errors(case.name, case.errors);
     }
 }
 

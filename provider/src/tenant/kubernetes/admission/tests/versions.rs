@@ -97,16 +97,7 @@ fn version_rules() {
         };
         let old = case.old.map(make);
         let verdict = validate(&make(case.new), old.as_ref());
-        let want: Vec<&str> = case.errors.iter().map(|(field, _)| *field).collect();
-        assert_eq!(error_fields(&verdict), want, "{}: {verdict:#?}", case.name);
-        for (error, (_, phrase)) in verdict.errors.iter().zip(case.errors) {
-            assert!(
-                error.message.contains(phrase),
-                "{}: {:?} lacks {phrase:?}",
-                case.name,
-                error.message
-            );
-        }
+        verdict.assert_errors(case.name, case.errors);
         assert_eq!(
             !verdict.warnings.is_empty(),
             case.warns,
