@@ -4,26 +4,22 @@
 //! next, so each new process must pick up where the last one stopped:
 //! every machine gets exactly one VM, and deleting leaves nothing behind.
 
+use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 use rand::Rng as _;
 use rand::rngs::StdRng;
 
-use super::kubevirt::KubevirtLab;
-use super::lab::{self, Lab, ManagerSetup, Progress};
-use super::proxmox::ProxmoxLab;
-use super::{ChaosConfig, Outcome, Substrate, pause};
-
-pub(super) const NAME: &str = "crash-storm";
+use super::lab::{self, Lab, Progress};
+use super::scenario::{Scenario, Wave};
+use super::{Outcome, Sizes, millis, pause};
 
 /// The quiet moment before each kill: long enough for a new process to get
 /// some work done, short enough for the kills to land within a wave.
-const BETWEEN_KILLS: std::ops::RangeInclusive<Duration> =
-    Duration::from_millis(100)..=Duration::from_millis(800);
+const BETWEEN_KILLS: RangeInclusive<Duration> = millis(100, 800);
 /// The moment after a kill point is reached and before the kill, so each
 /// new process starts some work before it dies.
-const AFTER_THRESHOLD: std::ops::RangeInclusive<Duration> =
-    Duration::from_millis(100)..=Duration::from_millis(500);
+const AFTER_THRESHOLD: RangeInclusive<Duration> = millis(100, 500);
 /// How often the wave's progress is read while waiting for a kill point.
 const PROGRESS_POLL: Duration = Duration::from_millis(100);
 /// The longest a kill waits for its point: a restarted manager can finish
@@ -31,91 +27,40 @@ const PROGRESS_POLL: Duration = Duration::from_millis(100);
 /// would end with kills unspent.
 const POINT_WAIT: Duration = Duration::from_millis(600);
 
-pub(super) async fn run(
-    config: &ChaosConfig,
-    substrate: Substrate,
-    outcome: &mut Outcome,
-) -> anyhow::Result<()> {
-    let mut rng = config.rng(NAME, substrate.name());
-    let name = format!("chaos-storm-{}", substrate.name());
-    match substrate {
-        Substrate::Kubevirt => {
-            let mut lab = KubevirtLab::start(config, &name, &ManagerSetup::single()).await?;
-            storm(&mut lab, config, &mut rng, outcome).await
-        }
-        Substrate::Proxmox => {
-            let sim_seed = rng.random();
-            let mut lab =
-                ProxmoxLab::start(config, &name, &ManagerSetup::single(), sim_seed).await?;
-            storm(&mut lab, config, &mut rng, outcome).await
-        }
+pub(super) struct CrashStorm;
+
+impl Scenario for CrashStorm {
+    const NAME: &'static str = "crash-storm";
+    const WORLD: &'static str = "chaos-storm";
+
+    async fn steps(
+        lab: &mut impl Lab,
+        sizes: &Sizes,
+        rng: &mut StdRng,
+        outcome: &mut Outcome,
+    ) -> anyhow::Result<()> {
+        let wave = Wave::new(sizes.storm_machines, sizes.converge_deadline);
+        let machines = wave.machines;
+        outcome.count("machines asked for", machines);
+
+        let wall = wave.create(lab).await?;
+        let kills =
+            kill_while(lab, rng, sizes.kills_provisioning, &wave, |p| p.provisioned).await?;
+        kills.record(outcome, "provisioning", sizes.kills_provisioning, machines);
+        wave.wait_provisioned(lab, outcome, wall, "provisioning under kills")
+            .await;
+        lab.count_provisioned(machines, outcome).await?;
+
+        let wall = wave.delete(lab).await?;
+        let kills = kill_while(lab, rng, sizes.kills_deleting, &wave, |p| {
+            machines.saturating_sub(p.machines)
+        })
+        .await?;
+        kills.record(outcome, "deletion", sizes.kills_deleting, machines);
+        wave.wait_deleted(lab, outcome, wall, "deletion under kills")
+            .await;
+        lab.count_leftovers(outcome).await
     }
-}
-
-async fn storm(
-    lab: &mut impl Lab,
-    config: &ChaosConfig,
-    rng: &mut StdRng,
-    outcome: &mut Outcome,
-) -> anyhow::Result<()> {
-    let result = storm_steps(lab, config, rng, outcome).await;
-    let failed = result.is_err() || !outcome.passed();
-    lab::report_logs(lab, config.seed, outcome, failed);
-    result
-}
-
-async fn storm_steps(
-    lab: &mut impl Lab,
-    config: &ChaosConfig,
-    rng: &mut StdRng,
-    outcome: &mut Outcome,
-) -> anyhow::Result<()> {
-    let sizes = &config.sizes;
-    let machines = sizes.storm_machines;
-    outcome.count("machines asked for", machines);
-
-    let started = Instant::now();
-    lab.create_machines(machines).await?;
-    let kills = kill_while(
-        lab,
-        rng,
-        sizes.kills_provisioning,
-        machines,
-        sizes.converge_deadline,
-        |p| p.provisioned,
-    )
-    .await?;
-    kills.record(outcome, "provisioning", sizes.kills_provisioning, machines);
-    match lab::wait_provisioned(lab, machines, sizes.converge_deadline).await {
-        Ok(_) => outcome.count(
-            "provisioning wall (s)",
-            format!("{:.1}", started.elapsed().as_secs_f64()),
-        ),
-        Err(error) => outcome.fail(error.context("provisioning under kills")),
-    }
-    lab.count_provisioned(machines, outcome).await?;
-
-    let started = Instant::now();
-    lab.delete_machines().await?;
-    let kills = kill_while(
-        lab,
-        rng,
-        sizes.kills_deleting,
-        machines,
-        sizes.converge_deadline,
-        |p| machines.saturating_sub(p.machines),
-    )
-    .await?;
-    kills.record(outcome, "deletion", sizes.kills_deleting, machines);
-    match lab::wait_deleted(lab, sizes.converge_deadline).await {
-        Ok(_) => outcome.count(
-            "deletion wall (s)",
-            format!("{:.1}", started.elapsed().as_secs_f64()),
-        ),
-        Err(error) => outcome.fail(error.context("deletion under kills")),
-    }
-    lab.count_leftovers(outcome).await?;
-    Ok(())
 }
 
 /// The kills of one wave.
@@ -129,9 +74,9 @@ struct Kills {
 impl Kills {
     fn record(&self, outcome: &mut Outcome, wave: &str, asked: usize, machines: usize) {
         outcome.count(&format!("kills during {wave}"), self.at.len());
-        outcome.count(
+        outcome.seconds(
             &format!("slowest restart during {wave} (s)"),
-            format!("{:.1}", self.slowest_restart.as_secs_f64()),
+            self.slowest_restart,
         );
         let moments: Vec<String> = self
             .at
@@ -158,16 +103,17 @@ impl Kills {
 /// each time, while the wave runs. A third of the kills fall at random
 /// moments before any machine is done (clones, DataVolumes and seeds are
 /// made then); the rest wait (at most [`POINT_WAIT`]) for random points of
-/// the wave (`done` machines of `machines`), so kills are spread over all of
-/// it rather than all landing in its first seconds.
+/// the wave (`done` of its machines), so kills are spread over all of it
+/// rather than all landing in its first seconds. Past the wave's deadline it
+/// stops killing.
 async fn kill_while(
     lab: &mut impl Lab,
     rng: &mut StdRng,
     kills: usize,
-    machines: usize,
-    deadline: Duration,
+    wave: &Wave,
     done: impl Fn(&Progress) -> usize,
 ) -> anyhow::Result<Kills> {
+    let (machines, deadline) = (wave.machines, wave.deadline);
     let mut result = Kills {
         at: Vec::new(),
         slowest_restart: Duration::ZERO,

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use rand::Rng as _;
 use rand::rngs::StdRng;
-use tenantry_provider::proxmox::machine::status::is_failure;
+use tenantry_provider::proxmox::machine::status::Reason;
 
-use super::lab::{self, Lab, ManagerSetup};
+use super::lab::{Lab, ManagerSetup};
 use super::proxmox::ProxmoxLab;
-use super::{ChaosConfig, Outcome, pause};
+use super::scenario::{self, Wave};
+use super::{ChaosConfig, Outcome, Sizes, pause};
 use crate::sim::proxmox::{DropMode, FaultId, Faults, RequestMatch, Trigger};
 
 pub(super) const NAME: &str = "hypervisor-faults";
@@ -38,6 +39,7 @@ const TASK_TYPES: [&str; 7] = [
     "imgdel",
 ];
 
+/// Proxmox only: the faults are the simulator's.
 pub(super) async fn run(config: &ChaosConfig, outcome: &mut Outcome) -> anyhow::Result<()> {
     let mut rng = config.rng(NAME, "proxmox");
     let lab = ProxmoxLab::start(
@@ -47,10 +49,8 @@ pub(super) async fn run(config: &ChaosConfig, outcome: &mut Outcome) -> anyhow::
         rng.random(),
     )
     .await?;
-    let result = faults(&lab, config, &mut rng, outcome).await;
-    let failed = result.is_err() || !outcome.passed();
-    lab::report_logs(&lab, config.seed, outcome, failed);
-    result
+    let result = faults(&lab, &config.sizes, &mut rng, outcome).await;
+    scenario::conclude(&lab, config.seed, outcome, result)
 }
 
 /// The faults installed, by what a report calls them.
@@ -181,18 +181,18 @@ impl Sampled {
 
 async fn faults(
     lab: &ProxmoxLab,
-    config: &ChaosConfig,
+    sizes: &Sizes,
     rng: &mut StdRng,
     outcome: &mut Outcome,
 ) -> anyhow::Result<()> {
-    let sizes = &config.sizes;
-    let machines = sizes.fault_machines;
+    let wave = Wave::new(sizes.fault_machines, sizes.converge_deadline);
+    let machines = wave.machines;
     outcome.count("machines asked for", machines);
     let faults = lab.sim().faults();
     let installed = Installed::install(&faults);
 
     let started = Instant::now();
-    lab.create_machines(machines).await?;
+    let wall = wave.create(lab).await?;
     let offline_after = Duration::from_millis(rng.random_range(2_000..=5_000));
     let mut offline_since: Option<Instant> = None;
     let mut offline_total = Duration::ZERO;
@@ -240,34 +240,23 @@ async fn faults(
     outcome.count("distinct Ready reasons seen", sampled.reasons.len());
     outcome.note(format!(
         "Ready reasons while faults were on (machine-moments): {}",
-        sampled
-            .reasons
-            .iter()
-            .map(|(reason, n)| format!("{reason} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        tally(&sampled.reasons)
     ));
     for (reason, example) in &sampled.examples {
         outcome.note(format!("e.g. {reason}: {example}"));
     }
     outcome.note(format!(
         "Ready reasons of unprovisioned machines on {OFFLINE_NODE} while it was offline: {}",
-        sampled
-            .on_offline_node
-            .iter()
-            .map(|(reason, n)| format!("{reason} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        tally(&sampled.on_offline_node)
     ));
-    outcome.zero(
+    outcome.none(
         "machine-moments without a Ready=False reason",
-        sampled.silent.len(),
-        || lab::some_of(&sampled.silent, 5),
+        &sampled.silent,
     );
     let failures_shown: usize = sampled
         .reasons
         .iter()
-        .filter(|(reason, _)| is_failure(reason))
+        .filter(|(reason, _)| Reason::parse(reason).is_some_and(Reason::is_failure))
         .map(|(_, n)| n)
         .sum();
     outcome.count("machine-moments naming a failure", failures_shown);
@@ -280,30 +269,23 @@ async fn faults(
         )
     });
 
-    match lab::wait_provisioned(lab, machines, sizes.converge_deadline).await {
-        Ok(after) => {
-            outcome.count(
-                "provisioning wall (s)",
-                format!("{:.1}", started.elapsed().as_secs_f64()),
-            );
-            outcome.count(
-                "converged after faults stopped (s)",
-                format!("{:.1}", after.as_secs_f64()),
-            );
-        }
-        Err(error) => outcome.fail(error.context("provisioning after the faults stopped")),
+    let converged = wave
+        .wait_provisioned(lab, outcome, wall, "provisioning after the faults stopped")
+        .await;
+    if let Some(after) = converged {
+        outcome.seconds("converged after faults stopped (s)", after);
     }
     lab.count_provisioned(machines, outcome).await?;
 
-    let started = Instant::now();
-    lab.delete_machines().await?;
-    match lab::wait_deleted(lab, sizes.converge_deadline).await {
-        Ok(_) => outcome.count(
-            "deletion wall (s)",
-            format!("{:.1}", started.elapsed().as_secs_f64()),
-        ),
-        Err(error) => outcome.fail(error.context("deletion")),
-    }
-    lab.count_leftovers(outcome).await?;
-    Ok(())
+    wave.delete_and_count_leftovers(lab, outcome, "deletion")
+        .await
+}
+
+/// Reasons with how often each was seen, as `reason n, reason n`.
+fn tally(reasons: &BTreeMap<String, usize>) -> String {
+    reasons
+        .iter()
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

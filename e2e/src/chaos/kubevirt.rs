@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
 use tenantry_api::kubevirt::KUBEVIRT_MACHINE_FINALIZER;
@@ -157,11 +157,7 @@ impl KubevirtLab {
         setup: &ManagerSetup,
     ) -> anyhow::Result<Self> {
         let bench = config.bench()?;
-        let audit = setup.audit_log()?;
-        let apiserver_args = audit
-            .as_ref()
-            .map(AuditLog::apiserver_args)
-            .unwrap_or_default();
+        let (audit, apiserver_args) = setup.audit_log()?;
         let staged = world::stage(
             &bench,
             Provider::Tenantry,
@@ -172,15 +168,9 @@ impl KubevirtLab {
             sim_config(),
         )
         .await?;
-        let (args, kubeconfigs) = setup.prepare(&staged.control_plane, NAMESPACE).await?;
-        let running = Replicas::start(
-            bench.binaries.clone(),
-            &staged.control_plane,
-            setup.replicas,
-            args,
-            kubeconfigs,
-        )
-        .await?;
+        let running = setup
+            .start_replicas(bench.binaries.clone(), &staged.control_plane, NAMESPACE)
+            .await?;
         let world = staged.with_provider(running);
         world::create_cluster(&world, CAPI_VERSION, false, &bench)
             .await
@@ -200,15 +190,8 @@ impl Lab for KubevirtLab {
         &self.world.control_plane
     }
 
-    fn replicas(&mut self) -> &mut Replicas {
-        &mut self.world.provider
-    }
-
-    async fn start_again(&mut self, replica: usize) -> anyhow::Result<()> {
-        self.world
-            .provider
-            .start_again(&self.world.control_plane, replica)
-            .await
+    fn replicas_and_control_plane(&mut self) -> (&mut Replicas, &mut ControlPlane) {
+        (&mut self.world.provider, &mut self.world.control_plane)
     }
 
     fn vms_made(&self) -> (&'static str, usize) {
@@ -217,24 +200,6 @@ impl Lab for KubevirtLab {
 
     fn audit(&self) -> Option<&AuditLog> {
         self.audit.as_ref()
-    }
-
-    async fn kill_and_restart(&mut self, replica: usize) -> anyhow::Result<Duration> {
-        self.world
-            .provider
-            .kill_and_restart(&self.world.control_plane, replica)
-            .await
-    }
-
-    fn tenantry_pids(&mut self) -> (Vec<u32>, bool) {
-        let alive = self.world.provider.all_alive();
-        (self.world.provider.pids(), alive)
-    }
-
-    async fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
-        let started = Instant::now();
-        self.world.control_plane.restart_apiserver().await?;
-        Ok(started.elapsed())
     }
 
     async fn create_machines(&self, machines: usize) -> anyhow::Result<()> {
@@ -250,17 +215,12 @@ impl Lab for KubevirtLab {
         .await
     }
 
-    async fn delete_machines(&self) -> anyhow::Result<()> {
-        self.world
-            .api(&world::kubevirt_machines())
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .context("delete the KubevirtMachines")?;
-        Ok(())
+    fn machine_resource() -> ApiResource {
+        world::kubevirt_machines()
     }
 
-    async fn machines(&self) -> anyhow::Result<Vec<DynamicObject>> {
-        list(&self.world.api(&world::kubevirt_machines())).await
+    fn api(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        self.world.api(resource)
     }
 
     async fn count_provisioned(
@@ -270,12 +230,7 @@ impl Lab for KubevirtLab {
     ) -> anyhow::Result<()> {
         let machines = self.machines().await?;
         let machine_names = names(&machines);
-        outcome.exactly("machines", machines.len(), expected);
-        let provisioned = machines
-            .iter()
-            .filter(|m| crate::bench::infrastructure_provisioned(m))
-            .count();
-        outcome.exactly("machines provisioned", provisioned, expected);
+        let provisioned = lab::count_machines(&machines, expected, outcome);
 
         // A VM is the machine's when it carries its name or its label.
         let vms = list(&self.world.api(&world::virtual_machines())).await?;
@@ -312,15 +267,13 @@ impl Lab for KubevirtLab {
             .collect();
         let one_each = per_machine.values().filter(|n| **n == 1).count();
         outcome.exactly("machines with exactly one VM", one_each, expected);
-        outcome.zero("machines without a VM", missing.len(), || {
-            some_of(&missing, 5)
-        });
+        outcome.none("machines without a VM", &missing);
         outcome.zero(
             "duplicate VMs",
             per_machine.values().map(|n| n.saturating_sub(1)).sum(),
             || some_of(&duplicated, 5),
         );
-        outcome.zero("orphaned VMs", orphans.len(), || some_of(&orphans, 5));
+        outcome.none("orphaned VMs", &orphans);
 
         let instances = list(&self.world.api(&virtual_machine_instances())).await?;
         outcome.exactly("VirtualMachineInstances", instances.len(), expected);
@@ -352,7 +305,7 @@ impl Lab for KubevirtLab {
             .filter(|v| !expected_volumes.contains(v))
             .cloned()
             .collect();
-        outcome.zero("orphaned DataVolumes", stray.len(), || some_of(&stray, 5));
+        outcome.none("orphaned DataVolumes", &stray);
 
         let secrets = self.userdata_secrets().await?;
         outcome.exactly("userdata Secrets", secrets.len(), expected);
@@ -365,9 +318,7 @@ impl Lab for KubevirtLab {
             })
             .cloned()
             .collect();
-        outcome.zero("orphaned userdata Secrets", stray.len(), || {
-            some_of(&stray, 5)
-        });
+        outcome.none("orphaned userdata Secrets", &stray);
         Ok(())
     }
 
@@ -387,15 +338,7 @@ impl Lab for KubevirtLab {
         let left = lab::settle(GRACE, || async {
             let machines = self.machines().await?;
             let left = Left {
-                finalized: machines
-                    .iter()
-                    .filter(|m| {
-                        m.metadata
-                            .finalizers
-                            .as_ref()
-                            .is_some_and(|f| f.iter().any(|f| f == KUBEVIRT_MACHINE_FINALIZER))
-                    })
-                    .count(),
+                finalized: lab::holding(&machines, KUBEVIRT_MACHINE_FINALIZER),
                 machines: names(&machines),
                 vms: names(&list(&self.world.api(&world::virtual_machines())).await?),
                 instances: names(&list(&self.world.api(&virtual_machine_instances())).await?),
@@ -411,13 +354,7 @@ impl Lab for KubevirtLab {
                 .map(|c| describe_claim(&c))
                 .collect(),
                 secrets: self.userdata_secrets().await?,
-                launchers: Api::<Pod>::namespaced(self.world.client.clone(), NAMESPACE)
-                    .list(&ListParams::default().labels(LAUNCHER_LABEL))
-                    .await?
-                    .items
-                    .into_iter()
-                    .map(|p| p.metadata.name.unwrap_or_default())
-                    .collect(),
+                launchers: self.labelled::<Pod>(LAUNCHER_LABEL).await?,
             };
             let clean = left.machines.is_empty()
                 && left.vms.is_empty()
@@ -433,32 +370,13 @@ impl Lab for KubevirtLab {
             "seconds until nothing was left",
             format!("{:.0}", settling.elapsed().as_secs_f64()),
         );
-        outcome.zero("machines left", left.machines.len(), || {
-            some_of(&left.machines, 5)
-        });
-        outcome.zero(
-            "machines still holding the finalizer",
-            left.finalized,
-            || some_of(&left.machines, 5),
-        );
-        outcome.zero("VirtualMachines left", left.vms.len(), || {
-            some_of(&left.vms, 5)
-        });
-        outcome.zero("VirtualMachineInstances left", left.instances.len(), || {
-            some_of(&left.instances, 5)
-        });
-        outcome.zero("DataVolumes left", left.volumes.len(), || {
-            some_of(&left.volumes, 5)
-        });
-        outcome.zero("PersistentVolumeClaims left", left.claims.len(), || {
-            some_of(&left.claims, 5)
-        });
-        outcome.zero("userdata Secrets left", left.secrets.len(), || {
-            some_of(&left.secrets, 5)
-        });
-        outcome.zero("virt-launcher Pods left", left.launchers.len(), || {
-            some_of(&left.launchers, 5)
-        });
+        lab::count_machines_left(outcome, &left.machines, left.finalized);
+        outcome.none("VirtualMachines left", &left.vms);
+        outcome.none("VirtualMachineInstances left", &left.instances);
+        outcome.none("DataVolumes left", &left.volumes);
+        outcome.none("PersistentVolumeClaims left", &left.claims);
+        outcome.none("userdata Secrets left", &left.secrets);
+        outcome.none("virt-launcher Pods left", &left.launchers);
         Ok(())
     }
 
@@ -511,14 +429,24 @@ impl KubevirtLab {
     /// The Secrets tenantry wrote for machines (labelled with the machine's
     /// name, as CAPK labels them).
     async fn userdata_secrets(&self) -> anyhow::Result<Vec<String>> {
-        Ok(
-            Api::<Secret>::namespaced(self.world.client.clone(), NAMESPACE)
-                .list(&ListParams::default().labels(MACHINE_NAME_LABEL))
-                .await?
-                .items
-                .into_iter()
-                .map(|s| s.metadata.name.unwrap_or_default())
-                .collect(),
-        )
+        self.labelled::<Secret>(MACHINE_NAME_LABEL).await
+    }
+
+    /// The names of the world's objects of kind `K` that match `selector`.
+    async fn labelled<K>(&self, selector: &str) -> anyhow::Result<Vec<String>>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Ok(Api::<K>::namespaced(self.world.client.clone(), NAMESPACE)
+            .list(&ListParams::default().labels(selector))
+            .await?
+            .items
+            .into_iter()
+            .map(|object| object.meta().name.clone().unwrap_or_default())
+            .collect())
     }
 }

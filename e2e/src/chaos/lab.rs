@@ -4,10 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use kube::api::{DynamicObject, ListParams};
+use anyhow::Context as _;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
 
-use super::Outcome;
 use super::audit::AuditLog;
+use super::{Outcome, Replicas};
+use crate::bench::Binaries;
 use crate::control_plane::ControlPlane;
 
 /// The user a replica authenticates as when it has an identity of its own
@@ -49,14 +51,32 @@ impl ManagerSetup {
         }
     }
 
-    /// The audit log to start the control plane with, if any.
-    pub(crate) fn audit_log(&self) -> anyhow::Result<Option<AuditLog>> {
-        self.audit.then(AuditLog::new).transpose()
+    /// The audit log to start the control plane with, if any, and the
+    /// kube-apiserver arguments that keep it.
+    pub(crate) fn audit_log(&self) -> anyhow::Result<(Option<AuditLog>, Vec<String>)> {
+        let audit = self.audit.then(AuditLog::new).transpose()?;
+        let apiserver_args = audit
+            .as_ref()
+            .map(AuditLog::apiserver_args)
+            .unwrap_or_default();
+        Ok((audit, apiserver_args))
+    }
+
+    /// Grants the replicas' users their role and starts the replicas
+    /// against `control_plane`, the Lease (if any) in `namespace`.
+    pub(crate) async fn start_replicas(
+        &self,
+        binaries: Binaries,
+        control_plane: &ControlPlane,
+        namespace: &str,
+    ) -> anyhow::Result<Replicas> {
+        let (args, kubeconfigs) = self.prepare(control_plane, namespace).await?;
+        Replicas::start(binaries, control_plane, self.replicas, args, kubeconfigs).await
     }
 
     /// Grants the replicas' users their role, and returns the replicas'
     /// extra arguments and kubeconfigs.
-    pub(crate) async fn prepare(
+    async fn prepare(
         &self,
         control_plane: &ControlPlane,
         namespace: &str,
@@ -94,16 +114,25 @@ pub(crate) struct Progress {
     pub provisioned: usize,
 }
 
-/// One substrate's world with tenantry running as [`super::Replicas`].
+/// One substrate's world with tenantry running as [`Replicas`].
 pub(crate) trait Lab {
     /// The control plane tenantry runs against.
     fn control_plane(&self) -> &ControlPlane;
 
+    /// The tenantry replicas and the control plane they run against,
+    /// borrowed together so that a replica can be started against it.
+    fn replicas_and_control_plane(&mut self) -> (&mut Replicas, &mut ControlPlane);
+
     /// The tenantry replicas.
-    fn replicas(&mut self) -> &mut super::Replicas;
+    fn replicas(&mut self) -> &mut Replicas {
+        self.replicas_and_control_plane().0
+    }
 
     /// Starts replica `replica` again after it was killed.
-    async fn start_again(&mut self, replica: usize) -> anyhow::Result<()>;
+    async fn start_again(&mut self, replica: usize) -> anyhow::Result<()> {
+        let (replicas, control_plane) = self.replicas_and_control_plane();
+        replicas.start_again(control_plane, replica).await
+    }
 
     /// How many VMs were made since the lab started, counted where the
     /// substrate keeps the truth, and what was counted (Proxmox: clone
@@ -115,25 +144,54 @@ pub(crate) trait Lab {
 
     /// Kills tenantry replica `replica` with SIGKILL and starts it again
     /// right away; returns how long until it answered `/healthz`.
-    async fn kill_and_restart(&mut self, replica: usize) -> anyhow::Result<Duration>;
+    async fn kill_and_restart(&mut self, replica: usize) -> anyhow::Result<Duration> {
+        let (replicas, control_plane) = self.replicas_and_control_plane();
+        replicas.kill_and_restart(control_plane, replica).await
+    }
 
     /// The tenantry processes' ids, and whether all of them still run.
-    fn tenantry_pids(&mut self) -> (Vec<u32>, bool);
+    fn tenantry_pids(&mut self) -> (Vec<u32>, bool) {
+        let replicas = self.replicas();
+        let alive = replicas.all_alive();
+        (replicas.pids(), alive)
+    }
 
     /// Restarts kube-apiserver on the same etcd; returns how long it was
     /// away.
-    async fn restart_apiserver(&mut self) -> anyhow::Result<Duration>;
+    async fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.replicas_and_control_plane()
+            .1
+            .restart_apiserver()
+            .await?;
+        Ok(started.elapsed())
+    }
 
     /// Creates `machines` infrastructure machines, each owned by a Machine
     /// with ready bootstrap data.
     async fn create_machines(&self, machines: usize) -> anyhow::Result<()>;
 
+    /// The infrastructure machines' kind (`KubevirtMachine`, …).
+    fn machine_resource() -> ApiResource;
+
+    /// The objects of `resource` in the world's namespace, as the admin.
+    fn api(&self, resource: &ApiResource) -> kube::Api<DynamicObject>;
+
     /// Deletes every infrastructure machine (as Cluster API does when a
     /// Machine goes).
-    async fn delete_machines(&self) -> anyhow::Result<()>;
+    async fn delete_machines(&self) -> anyhow::Result<()> {
+        let resource = Self::machine_resource();
+        self.api(&resource)
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .with_context(|| format!("delete the {}s", resource.kind))?;
+        Ok(())
+    }
 
     /// The infrastructure machines as the apiserver has them now.
-    async fn machines(&self) -> anyhow::Result<Vec<DynamicObject>>;
+    async fn machines(&self) -> anyhow::Result<Vec<DynamicObject>> {
+        list(&self.api(&Self::machine_resource())).await
+    }
 
     /// Counts what exists once every machine is provisioned, and checks it:
     /// one VM per machine, nothing else.
@@ -224,6 +282,44 @@ pub(crate) async fn wait_provisioned(
         }
         tokio::time::sleep(LOOK_EVERY).await;
     }
+}
+
+/// Counts the machines and those provisioned, each checked against
+/// `expected`; returns how many are provisioned.
+pub(crate) fn count_machines(
+    machines: &[DynamicObject],
+    expected: usize,
+    outcome: &mut Outcome,
+) -> usize {
+    outcome.exactly("machines", machines.len(), expected);
+    let provisioned = machines
+        .iter()
+        .filter(|m| crate::bench::infrastructure_provisioned(m))
+        .count();
+    outcome.exactly("machines provisioned", provisioned, expected);
+    provisioned
+}
+
+/// The machines still holding `finalizer`.
+pub(crate) fn holding(machines: &[DynamicObject], finalizer: &str) -> usize {
+    machines
+        .iter()
+        .filter(|m| {
+            m.metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| f.iter().any(|f| f == finalizer))
+        })
+        .count()
+}
+
+/// Counts the machines left after deletion (`left`, by name) and those of
+/// them still holding the finalizer, and fails unless there are none.
+pub(crate) fn count_machines_left(outcome: &mut Outcome, left: &[String], finalized: usize) {
+    outcome.none("machines left", left);
+    outcome.zero("machines still holding the finalizer", finalized, || {
+        some_of(left, 5)
+    });
 }
 
 /// The `Ready` reasons of the machines not provisioned, with how many say

@@ -8,22 +8,19 @@
 //! audit log says which replica sent each write; the holder of a moment is
 //! the replica whose last successful write to the Lease completed before it.
 
+use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use rand::Rng as _;
 use rand::rngs::StdRng;
 
 use super::audit;
-use super::kubevirt::KubevirtLab;
 use super::lab::{self, LEASE, Lab, ManagerSetup, REPLICA_POD_PREFIX, REPLICA_USER_PREFIX};
-use super::proxmox::ProxmoxLab;
-use super::{ChaosConfig, Outcome, Substrate, pause};
+use super::scenario::{Scenario, Wave, note_unspent};
+use super::{Outcome, Sizes, millis};
 use crate::bench::NAMESPACE;
-
-pub(super) const NAME: &str = "leader-handover";
 
 /// Tenantry's defaults (`--leader-elect-lease-duration`,
 /// `--leader-elect-retry-period`), which the replicas run with.
@@ -33,49 +30,7 @@ const RETRY_PERIOD: Duration = Duration::from_secs(2);
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// The moment before each kill: the new leader gets some work done first.
-const BEFORE_KILL: std::ops::RangeInclusive<Duration> =
-    Duration::from_millis(300)..=Duration::from_millis(2500);
-
-fn setup() -> ManagerSetup {
-    ManagerSetup {
-        replicas: 2,
-        own_identity: true,
-        leader_election: true,
-        audit: true,
-    }
-}
-
-pub(super) async fn run(
-    config: &ChaosConfig,
-    substrate: Substrate,
-    outcome: &mut Outcome,
-) -> anyhow::Result<()> {
-    let mut rng = config.rng(NAME, substrate.name());
-    let name = format!("chaos-leader-{}", substrate.name());
-    match substrate {
-        Substrate::Kubevirt => {
-            let mut lab = KubevirtLab::start(config, &name, &setup()).await?;
-            handovers(&mut lab, config, &mut rng, outcome).await
-        }
-        Substrate::Proxmox => {
-            let sim_seed = rng.random();
-            let mut lab = ProxmoxLab::start(config, &name, &setup(), sim_seed).await?;
-            handovers(&mut lab, config, &mut rng, outcome).await
-        }
-    }
-}
-
-async fn handovers(
-    lab: &mut impl Lab,
-    config: &ChaosConfig,
-    rng: &mut StdRng,
-    outcome: &mut Outcome,
-) -> anyhow::Result<()> {
-    let result = handover_steps(lab, config, rng, outcome).await;
-    let failed = result.is_err() || !outcome.passed();
-    lab::report_logs(lab, config.seed, outcome, failed);
-    result
-}
+const BEFORE_KILL: RangeInclusive<Duration> = millis(300, 2500);
 
 /// The Lease's holder now: the replica's index (from `tenantry-<n>_…`),
 /// and when it was acquired and last renewed.
@@ -135,114 +90,110 @@ async fn wait_holder(
     }
 }
 
-async fn handover_steps(
-    lab: &mut impl Lab,
-    config: &ChaosConfig,
-    rng: &mut StdRng,
-    outcome: &mut Outcome,
-) -> anyhow::Result<()> {
-    let sizes = &config.sizes;
-    let machines = sizes.handover_machines;
-    let leases = Api::<Lease>::namespaced(lab.control_plane().client(), NAMESPACE);
-    outcome.count("replicas", lab.replicas().len());
-    outcome.count("machines asked for", machines);
-    wait_holder(&leases, None, LEASE_DURATION * 2).await?;
+pub(super) struct LeaderHandover;
 
-    let started = Instant::now();
-    lab.create_machines(machines).await?;
-    let mut moments = Vec::new();
-    let mut slowest = Duration::ZERO;
-    let mut latest_after_expiry = Duration::ZERO;
-    for _ in 0..sizes.handovers {
-        pause(rng, BEFORE_KILL).await;
-        let now = lab::progress(lab).await?;
-        if now.provisioned >= machines {
-            break;
+impl Scenario for LeaderHandover {
+    const NAME: &'static str = "leader-handover";
+    const WORLD: &'static str = "chaos-leader";
+
+    fn setup() -> ManagerSetup {
+        ManagerSetup {
+            replicas: 2,
+            own_identity: true,
+            leader_election: true,
+            audit: true,
         }
-        let old = holder(&leases).await?.context("the Lease has no holder")?;
-        lab.replicas().kill(old.replica);
-        let killed = Instant::now();
-        let new = wait_holder(&leases, Some(&old.identity), LEASE_DURATION * 3).await?;
-        let handover = killed.elapsed();
-        slowest = slowest.max(handover);
-        // From the moment the old holder's Lease ran out to the new
-        // holder's acquisition, on the Lease's own clock.
-        if let (Some(renewed), Some(acquired)) = (old.renewed, new.acquired) {
-            let expiry = renewed + chrono::Duration::from_std(LEASE_DURATION)?;
-            let after = (acquired - expiry).to_std().unwrap_or(Duration::ZERO);
-            latest_after_expiry = latest_after_expiry.max(after);
-        }
-        moments.push(format!(
-            "{}/{machines} provisioned: replica {} → {} in {:.1} s",
-            now.provisioned,
-            old.replica + 1,
-            new.replica + 1,
-            handover.as_secs_f64()
-        ));
-        lab.start_again(old.replica).await?;
     }
-    outcome.count("leader kills during provisioning", moments.len());
-    outcome.count(
-        "slowest handover after a kill (s)",
-        format!("{:.1}", slowest.as_secs_f64()),
-    );
-    outcome.count(
-        "latest takeover after the Lease ran out (s)",
-        format!("{:.1}", latest_after_expiry.as_secs_f64()),
-    );
-    let bound = LEASE_DURATION + RETRY_PERIOD;
-    outcome.check(slowest <= bound, || {
-        format!(
-            "a handover took {:.1} s, more than the lease duration and one retry period ({:.0} s)",
-            slowest.as_secs_f64(),
-            bound.as_secs_f64()
-        )
-    });
-    outcome.note(format!("leader kills at: {}", moments.join("; ")));
-    if moments.len() < sizes.handovers {
-        outcome.note(format!(
-            "only {} of {} kills during provisioning: the wave was done before the rest",
+
+    async fn steps(
+        lab: &mut impl Lab,
+        sizes: &Sizes,
+        rng: &mut StdRng,
+        outcome: &mut Outcome,
+    ) -> anyhow::Result<()> {
+        let wave = Wave::new(sizes.handover_machines, sizes.converge_deadline);
+        let machines = wave.machines;
+        let leases = Api::<Lease>::namespaced(lab.control_plane().client(), NAMESPACE);
+        outcome.count("replicas", lab.replicas().len());
+        outcome.count("machines asked for", machines);
+        wait_holder(&leases, None, LEASE_DURATION * 2).await?;
+
+        let wall = wave.create(lab).await?;
+        let mut moments = Vec::new();
+        let mut slowest = Duration::ZERO;
+        let mut latest_after_expiry = Duration::ZERO;
+        for _ in 0..sizes.handovers {
+            let Some(now) = wave.still_provisioning(lab, rng, BEFORE_KILL).await? else {
+                break;
+            };
+            let old = holder(&leases).await?.context("the Lease has no holder")?;
+            lab.replicas().kill(old.replica);
+            let killed = Instant::now();
+            let new = wait_holder(&leases, Some(&old.identity), LEASE_DURATION * 3).await?;
+            let handover = killed.elapsed();
+            slowest = slowest.max(handover);
+            // From the moment the old holder's Lease ran out to the new
+            // holder's acquisition, on the Lease's own clock.
+            if let (Some(renewed), Some(acquired)) = (old.renewed, new.acquired) {
+                let expiry = renewed + chrono::Duration::from_std(LEASE_DURATION)?;
+                let after = (acquired - expiry).to_std().unwrap_or(Duration::ZERO);
+                latest_after_expiry = latest_after_expiry.max(after);
+            }
+            moments.push(format!(
+                "{}/{machines} provisioned: replica {} → {} in {:.1} s",
+                now.provisioned,
+                old.replica + 1,
+                new.replica + 1,
+                handover.as_secs_f64()
+            ));
+            lab.start_again(old.replica).await?;
+        }
+        outcome.count("leader kills during provisioning", moments.len());
+        outcome.seconds("slowest handover after a kill (s)", slowest);
+        outcome.seconds(
+            "latest takeover after the Lease ran out (s)",
+            latest_after_expiry,
+        );
+        let bound = LEASE_DURATION + RETRY_PERIOD;
+        outcome.check(slowest <= bound, || {
+            format!(
+                "a handover took {:.1} s, more than the lease duration and one retry period ({:.0} s)",
+                slowest.as_secs_f64(),
+                bound.as_secs_f64()
+            )
+        });
+        outcome.note(format!("leader kills at: {}", moments.join("; ")));
+        note_unspent(
+            outcome,
+            "kills during provisioning",
             moments.len(),
-            sizes.handovers
-        ));
-    }
-    match lab::wait_provisioned(lab, machines, sizes.converge_deadline).await {
-        Ok(_) => outcome.count(
-            "provisioning wall (s)",
-            format!("{:.1}", started.elapsed().as_secs_f64()),
-        ),
-        Err(error) => outcome.fail(error.context("provisioning across leader kills")),
-    }
-    lab.count_provisioned(machines, outcome).await?;
-    // No VM made twice, counted where the substrate keeps the truth.
-    let (made, count) = lab.vms_made();
-    outcome.exactly(made, count, machines);
+            sizes.handovers,
+        );
+        wave.wait_provisioned(lab, outcome, wall, "provisioning across leader kills")
+            .await;
+        lab.count_provisioned(machines, outcome).await?;
+        // No VM made twice, counted where the substrate keeps the truth.
+        let (made, count) = lab.vms_made();
+        outcome.exactly(made, count, machines);
 
-    let started = Instant::now();
-    lab.delete_machines().await?;
-    match lab::wait_deleted(lab, sizes.converge_deadline).await {
-        Ok(_) => outcome.count(
-            "deletion wall (s)",
-            format!("{:.1}", started.elapsed().as_secs_f64()),
-        ),
-        Err(error) => outcome.fail(error.context("deletion after leader kills")),
-    }
-    lab.count_leftovers(outcome).await?;
+        wave.delete_and_count_leftovers(lab, outcome, "deletion after leader kills")
+            .await?;
 
-    let writes = lab
-        .audit()
-        .context("the lab keeps no audit log")?
-        .writes()?;
-    let judged = audit::leadership(&writes, LEASE, REPLICA_USER_PREFIX);
-    outcome.count("Lease changes of holder", judged.changes);
-    outcome.count(
-        "writes by the Lease holder",
-        judged.writes_per_user.values().sum::<usize>() - judged.by_non_leaders.len(),
-    );
-    outcome.zero(
-        "writes by a replica not holding the Lease",
-        judged.by_non_leaders.len(),
-        || lab::some_of(&judged.by_non_leaders, 5),
-    );
-    Ok(())
+        let writes = lab
+            .audit()
+            .context("the lab keeps no audit log")?
+            .writes()?;
+        let judged = audit::leadership(&writes, LEASE, REPLICA_USER_PREFIX);
+        outcome.count("Lease changes of holder", judged.changes);
+        outcome.count(
+            "writes by the Lease holder",
+            judged.writes_per_user.values().sum::<usize>() - judged.by_non_leaders.len(),
+        );
+        outcome.zero(
+            "writes by a replica not holding the Lease",
+            judged.by_non_leaders.len(),
+            || lab::some_of(&judged.by_non_leaders, 5),
+        );
+        Ok(())
+    }
 }

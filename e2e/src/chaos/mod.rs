@@ -22,8 +22,10 @@ mod leader_handover;
 mod proxmox;
 mod rbac_revoke;
 mod replicas;
+mod scenario;
 
 use std::fmt::Write as _;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,12 @@ use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 
 pub use replicas::Replicas;
+
+use apiserver_restart::ApiserverRestart;
+use crash_storm::CrashStorm;
+use leader_handover::LeaderHandover;
+use rbac_revoke::RbacRevoke;
+use scenario::Scenario as _;
 
 /// How big a run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,6 +259,16 @@ impl Outcome {
         }
     }
 
+    /// Counts `items` and fails unless there are none, naming up to five.
+    fn none(&mut self, name: &str, items: &[String]) {
+        self.zero(name, items.len(), || lab::some_of(items, 5));
+    }
+
+    /// Counts a span of time in seconds, to a tenth.
+    fn seconds(&mut self, name: &str, elapsed: Duration) {
+        self.count(name, format!("{:.1}", elapsed.as_secs_f64()));
+    }
+
     fn check(&mut self, holds: bool, failure: impl FnOnce() -> String) {
         if !holds {
             self.failures.push(failure());
@@ -372,15 +390,15 @@ pub fn table(outcomes: &[Outcome]) -> String {
 pub async fn run(config: &ChaosConfig) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
     let plan: [(&'static str, Substrate); 9] = [
-        (crash_storm::NAME, Substrate::Kubevirt),
-        (crash_storm::NAME, Substrate::Proxmox),
+        (CrashStorm::NAME, Substrate::Kubevirt),
+        (CrashStorm::NAME, Substrate::Proxmox),
         (hypervisor_faults::NAME, Substrate::Proxmox),
-        (apiserver_restart::NAME, Substrate::Kubevirt),
-        (apiserver_restart::NAME, Substrate::Proxmox),
-        (rbac_revoke::NAME, Substrate::Kubevirt),
-        (rbac_revoke::NAME, Substrate::Proxmox),
-        (leader_handover::NAME, Substrate::Kubevirt),
-        (leader_handover::NAME, Substrate::Proxmox),
+        (ApiserverRestart::NAME, Substrate::Kubevirt),
+        (ApiserverRestart::NAME, Substrate::Proxmox),
+        (RbacRevoke::NAME, Substrate::Kubevirt),
+        (RbacRevoke::NAME, Substrate::Proxmox),
+        (LeaderHandover::NAME, Substrate::Kubevirt),
+        (LeaderHandover::NAME, Substrate::Proxmox),
     ];
     for (scenario, substrate) in plan {
         if !config.selected(scenario, substrate.name()) {
@@ -390,13 +408,13 @@ pub async fn run(config: &ChaosConfig) -> Vec<Outcome> {
         let started = Instant::now();
         let mut outcome = Outcome::new(scenario, substrate);
         let result = match scenario {
-            crash_storm::NAME => crash_storm::run(config, substrate, &mut outcome).await,
+            CrashStorm::NAME => scenario::run::<CrashStorm>(config, substrate, &mut outcome).await,
             hypervisor_faults::NAME => hypervisor_faults::run(config, &mut outcome).await,
-            apiserver_restart::NAME => {
-                apiserver_restart::run(config, substrate, &mut outcome).await
+            ApiserverRestart::NAME => {
+                scenario::run::<ApiserverRestart>(config, substrate, &mut outcome).await
             }
-            rbac_revoke::NAME => rbac_revoke::run(config, substrate, &mut outcome).await,
-            _ => leader_handover::run(config, substrate, &mut outcome).await,
+            RbacRevoke::NAME => scenario::run::<RbacRevoke>(config, substrate, &mut outcome).await,
+            _ => scenario::run::<LeaderHandover>(config, substrate, &mut outcome).await,
         };
         if let Err(error) = result {
             outcome.fail(error);
@@ -408,8 +426,13 @@ pub async fn run(config: &ChaosConfig) -> Vec<Outcome> {
     outcomes
 }
 
+/// The bounds of a random moment, in milliseconds (for [`pause`]).
+const fn millis(low: u64, high: u64) -> RangeInclusive<Duration> {
+    Duration::from_millis(low)..=Duration::from_millis(high)
+}
+
 /// Sleeps for a random moment in `range`.
-async fn pause(rng: &mut StdRng, range: std::ops::RangeInclusive<Duration>) {
+async fn pause(rng: &mut StdRng, range: RangeInclusive<Duration>) {
     use rand::Rng as _;
     let (low, high) = (range.start().as_millis(), range.end().as_millis());
     let millis = rng.random_range(low..=high.max(low));

@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use kube::api::{DeleteParams, DynamicObject, ListParams};
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use tenantry_api::proxmox::PROXMOX_MACHINE_FINALIZER;
 
 use super::audit::AuditLog;
@@ -78,11 +78,7 @@ impl ProxmoxLab {
         seed: u64,
     ) -> anyhow::Result<Self> {
         let bench = config.bench()?;
-        let audit = setup.audit_log()?;
-        let apiserver_args = audit
-            .as_ref()
-            .map(AuditLog::apiserver_args)
-            .unwrap_or_default();
+        let (audit, apiserver_args) = setup.audit_log()?;
         let staged = world::stage(
             &bench,
             Provider::Tenantry,
@@ -92,15 +88,9 @@ impl ProxmoxLab {
             sim_config(seed),
         )
         .await?;
-        let (args, kubeconfigs) = setup.prepare(&staged.control_plane, NAMESPACE).await?;
-        let running = Replicas::start(
-            bench.binaries.clone(),
-            &staged.control_plane,
-            setup.replicas,
-            args,
-            kubeconfigs,
-        )
-        .await?;
+        let running = setup
+            .start_replicas(bench.binaries.clone(), &staged.control_plane, NAMESPACE)
+            .await?;
         let world = staged.with_provider(running);
         world::create_cluster(&world, CAPI_VERSION, false, &bench)
             .await
@@ -210,15 +200,8 @@ impl Lab for ProxmoxLab {
         &self.world.control_plane
     }
 
-    fn replicas(&mut self) -> &mut Replicas {
-        &mut self.world.provider
-    }
-
-    async fn start_again(&mut self, replica: usize) -> anyhow::Result<()> {
-        self.world
-            .provider
-            .start_again(&self.world.control_plane, replica)
-            .await
+    fn replicas_and_control_plane(&mut self) -> (&mut Replicas, &mut ControlPlane) {
+        (&mut self.world.provider, &mut self.world.control_plane)
     }
 
     fn vms_made(&self) -> (&'static str, usize) {
@@ -236,40 +219,17 @@ impl Lab for ProxmoxLab {
         self.audit.as_ref()
     }
 
-    async fn kill_and_restart(&mut self, replica: usize) -> anyhow::Result<Duration> {
-        self.world
-            .provider
-            .kill_and_restart(&self.world.control_plane, replica)
-            .await
-    }
-
-    fn tenantry_pids(&mut self) -> (Vec<u32>, bool) {
-        let alive = self.world.provider.all_alive();
-        (self.world.provider.pids(), alive)
-    }
-
-    async fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
-        let started = Instant::now();
-        self.world.control_plane.restart_apiserver().await?;
-        Ok(started.elapsed())
-    }
-
     async fn create_machines(&self, machines: usize) -> anyhow::Result<()> {
         let requested = Arc::new(Mutex::new(HashMap::new()));
         world::create_machines(&self.world, CAPI_VERSION, machines, &self.bench, &requested).await
     }
 
-    async fn delete_machines(&self) -> anyhow::Result<()> {
-        self.world
-            .api(&world::proxmox_machines())
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .context("delete the ProxmoxMachines")?;
-        Ok(())
+    fn machine_resource() -> ApiResource {
+        world::proxmox_machines()
     }
 
-    async fn machines(&self) -> anyhow::Result<Vec<DynamicObject>> {
-        list(&self.world.api(&world::proxmox_machines())).await
+    fn api(&self, resource: &ApiResource) -> kube::Api<DynamicObject> {
+        self.world.api(resource)
     }
 
     async fn count_provisioned(
@@ -285,12 +245,7 @@ impl Lab for ProxmoxLab {
         })
         .await?;
         let machines = self.machines().await?;
-        outcome.exactly("machines", machines.len(), expected);
-        let provisioned = machines
-            .iter()
-            .filter(|m| crate::bench::infrastructure_provisioned(m))
-            .count();
-        outcome.exactly("machines provisioned", provisioned, expected);
+        lab::count_machines(&machines, expected, outcome);
 
         outcome.count("VMs", guests(&snapshot));
         let owners = owners(&snapshot, &machines);
@@ -302,9 +257,7 @@ impl Lab for ProxmoxLab {
             .filter(|(_, vms)| vms.is_empty())
             .map(|(m, _)| m.clone())
             .collect();
-        outcome.zero("machines without a VM", missing.len(), || {
-            some_of(&missing, 5)
-        });
+        outcome.none("machines without a VM", &missing);
         let duplicated: Vec<String> = owners
             .per_machine
             .iter()
@@ -334,9 +287,7 @@ impl Lab for ProxmoxLab {
                     .then(|| format!("{name} records {recorded:?}, its VM is {}", vms[0]))
             })
             .collect();
-        outcome.zero("machines naming another VM", mismatched.len(), || {
-            some_of(&mismatched, 5)
-        });
+        outcome.none("machines naming another VM", &mismatched);
         let outside: Vec<String> = snapshot
             .vms
             .iter()
@@ -352,11 +303,8 @@ impl Lab for ProxmoxLab {
             .filter(|vm| !vm.template && vm.power != VmPower::Running)
             .map(|vm| format!("{} ({:?})", vm.vmid, vm.power))
             .collect();
-        outcome.zero("VMs not running", stopped.len(), || some_of(&stopped, 5));
-        let seeds = isos(&snapshot);
-        outcome.zero("seed ISOs left after provisioning", seeds.len(), || {
-            some_of(&seeds, 5)
-        });
+        outcome.none("VMs not running", &stopped);
+        outcome.none("seed ISOs left after provisioning", &isos(&snapshot));
         outcome.count("tasks running", running_tasks(&snapshot));
 
         let claims = list(&self.world.api(&world::ip_address_claims())).await?;
@@ -447,15 +395,7 @@ impl Lab for ProxmoxLab {
                 .collect();
             let snapshot = self.sim().snapshot();
             let left = Left {
-                finalized: machines
-                    .iter()
-                    .filter(|m| {
-                        m.metadata
-                            .finalizers
-                            .as_ref()
-                            .is_some_and(|f| f.iter().any(|f| f == PROXMOX_MACHINE_FINALIZER))
-                    })
-                    .count(),
+                finalized: lab::holding(&machines, PROXMOX_MACHINE_FINALIZER),
                 machines: names(&machines),
                 guests: snapshot
                     .vms
@@ -473,30 +413,17 @@ impl Lab for ProxmoxLab {
             Ok((left, clean))
         })
         .await?;
-        outcome.zero("machines left", left.machines.len(), || {
-            some_of(&left.machines, 5)
-        });
-        outcome.zero(
-            "machines still holding the finalizer",
-            left.finalized,
-            || some_of(&left.machines, 5),
-        );
+        lab::count_machines_left(outcome, &left.machines, left.finalized);
         outcome.zero("VMs left", left.guests.len(), || {
             format!("VM IDs {}", some_of(&left.guests, 10))
         });
-        outcome.zero("seed ISOs left", left.ipam.isos.len(), || {
-            some_of(&left.ipam.isos, 5)
-        });
-        outcome.zero("IPAddressClaims left", left.ipam.claims.len(), || {
-            some_of(&left.ipam.claims, 5)
-        });
+        outcome.none("seed ISOs left", &left.ipam.isos);
+        outcome.none("IPAddressClaims left", &left.ipam.claims);
         outcome.count(
             "IPAddressClaims releasing (IPAM grace)",
             left.ipam.releasing_claims,
         );
-        outcome.zero("IPAddresses left", left.addresses.len(), || {
-            some_of(&left.addresses, 5)
-        });
+        outcome.none("IPAddresses left", &left.addresses);
         outcome.zero("tasks still running", left.ipam.running_tasks.len(), || {
             some_of(&left.ipam.running_tasks, 3)
         });
