@@ -16,6 +16,7 @@ pub mod clusterctl;
 pub mod clusterctl_template;
 pub mod control_plane;
 pub mod demo;
+pub mod fixtures;
 pub mod kubevirt_upstream;
 pub mod logs;
 pub mod management;

@@ -8,13 +8,14 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tenantry_api::tenant::Kubernetes;
+use tenantry_e2e::bench::resource;
+use tenantry_e2e::fixtures;
 use tenantry_e2e::sim::tenant::{EtcdFault, TenantControlPlaneOptions};
 use tenantry_e2e::upstream::{Binary, Upstream};
 use tenantry_e2e::wait;
@@ -23,10 +24,6 @@ const NAMESPACE: &str = "tenant-a";
 const NAME: &str = "demo";
 /// Generous upper bound for a step; never the thing measured.
 const DEADLINE: Duration = Duration::from_secs(240);
-
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
 
 /// The management cluster with the real Cluster API manager, Kamaji and
 /// etcd-operator simulated, and tenantry with its webhooks.
@@ -46,13 +43,7 @@ impl World {
             .webhooks()
             .start()
             .await;
-        Api::<Namespace>::all(parts.client())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } })).unwrap(),
-            )
-            .await
-            .expect("create namespace");
+        parts.create_namespace(NAMESPACE).await;
         Self { parts }
     }
 
@@ -150,16 +141,7 @@ impl World {
     }
 
     async fn names(&self, resource: &ApiResource) -> Vec<String> {
-        Api::<DynamicObject>::namespaced_with(self.client(), NAMESPACE, resource)
-            .list(&ListParams::default())
-            .await
-            .map(|l| {
-                l.items
-                    .into_iter()
-                    .filter_map(|o| o.metadata.name)
-                    .collect()
-            })
-            .unwrap_or_default()
+        fixtures::dynamic_names(&self.client(), NAMESPACE, resource).await
     }
 }
 
@@ -274,14 +256,12 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
         .delete(NAME, &DeleteParams::default())
         .await
         .expect("delete");
-    wait::until("the Kubernetes object to be gone", DEADLINE, || async {
-        Ok(world
-            .kubernetes()
-            .get_opt(NAME)
-            .await?
-            .is_none()
-            .then_some(()))
-    })
+    fixtures::wait_for_absence(
+        &world.kubernetes(),
+        NAME,
+        "the Kubernetes object to be gone",
+        DEADLINE,
+    )
     .await
     .unwrap_or_else(|e| world.fail(e, None));
     let leftovers = [

@@ -15,15 +15,17 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::core::GroupVersionKind;
+use serde::Serialize;
 use serde_json::{Value, json};
 use tenantry_api::tenant::{DEFAULT_TALOS_SCHEMATIC_ID, Kubernetes};
 use tenantry_api::tenant_nodes::KubernetesNodes;
+use tenantry_e2e::bench::resource;
+use tenantry_e2e::fixtures::{self, NamespacedKind, Substrate, capi};
 use tenantry_e2e::pve_lab::{TEMPLATE, TEMPLATE_NODE, lab_config};
 use tenantry_e2e::sim::kubevirt::{ImageFactoryConfig, KubevirtSimConfig};
 use tenantry_e2e::sim::tenant::{NodeFault, NodeSimConfig, TenantControlPlaneOptions};
@@ -34,19 +36,14 @@ const DEADLINE: Duration = Duration::from_secs(300);
 const TALOS: &str = "v1.13.6";
 const TALOS_NEXT: &str = "v1.13.7";
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-fn capi(kind: &str, plural: &str) -> ApiResource {
-    resource("cluster.x-k8s.io", "v1beta2", kind, plural)
-}
-
-/// Where the workers run.
-#[derive(Clone, Copy)]
-enum Substrate {
-    Kubevirt,
-    Proxmox,
+/// A manifest of tenantry's `kind` (`Kubernetes`, `KubernetesNodes`).
+fn tenantry_object(kind: &str, namespace: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "apps.tenantry.dev/v1alpha1",
+        "kind": kind,
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": spec,
+    })
 }
 
 /// The management cluster with the real Cluster API manager, CABPT and
@@ -109,39 +106,31 @@ impl World {
         self.parts.fail(error)
     }
 
-    async fn namespace(&self, name: &str) {
-        Api::<Namespace>::all(self.client())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap(),
-            )
+    /// Creates tenantry's object `K` (`Kubernetes`, `KubernetesNodes`).
+    async fn create_tenantry_object<K: NamespacedKind + Serialize>(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: Value,
+    ) {
+        let kind = K::kind(&());
+        let object: K = serde_json::from_value(tenantry_object(&kind, namespace, name, spec))
+            .unwrap_or_else(|e| panic!("{kind} object: {e}"));
+        Api::<K>::namespaced(self.client(), namespace)
+            .create(&PostParams::default(), &object)
             .await
-            .expect("create namespace");
+            .unwrap_or_else(|e| panic!("create {kind}: {e}"));
     }
 
     async fn create_kubernetes(&self, namespace: &str, name: &str, spec: Value) {
-        let object: Kubernetes = serde_json::from_value(json!({
-            "apiVersion": "apps.tenantry.dev/v1alpha1",
-            "kind": "Kubernetes",
-            "metadata": { "name": name, "namespace": namespace },
-            "spec": spec,
-        }))
-        .expect("Kubernetes object");
-        Api::<Kubernetes>::namespaced(self.client(), namespace)
-            .create(&PostParams::default(), &object)
-            .await
-            .expect("create Kubernetes");
+        self.create_tenantry_object::<Kubernetes>(namespace, name, spec)
+            .await;
     }
 
     /// `kubectl apply --server-side` of a `Kubernetes` manifest, as a user
     /// would; returns the stored object.
     async fn apply_kubernetes(&self, namespace: &str, name: &str, spec: Value) -> Kubernetes {
-        let manifest = json!({
-            "apiVersion": "apps.tenantry.dev/v1alpha1",
-            "kind": "Kubernetes",
-            "metadata": { "name": name, "namespace": namespace },
-            "spec": spec,
-        });
+        let manifest = tenantry_object("Kubernetes", namespace, name, spec);
         Api::<Kubernetes>::namespaced(self.client(), namespace)
             .patch(
                 name,
@@ -153,26 +142,11 @@ impl World {
     }
 
     async fn create_pool(&self, namespace: &str, name: &str, spec: Value) {
-        let object: KubernetesNodes = serde_json::from_value(json!({
-            "apiVersion": "apps.tenantry.dev/v1alpha1",
-            "kind": "KubernetesNodes",
-            "metadata": { "name": name, "namespace": namespace },
-            "spec": spec,
-        }))
-        .expect("KubernetesNodes object");
-        Api::<KubernetesNodes>::namespaced(self.client(), namespace)
-            .create(&PostParams::default(), &object)
-            .await
-            .expect("create KubernetesNodes");
+        self.create_tenantry_object::<KubernetesNodes>(namespace, name, spec)
+            .await;
     }
 
-    async fn patch<K>(&self, namespace: &str, name: &str, patch: Value)
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
+    async fn patch<K: NamespacedKind>(&self, namespace: &str, name: &str, patch: Value) {
         Api::<K>::namespaced(self.client(), namespace)
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -326,16 +300,7 @@ impl World {
     }
 
     async fn names(&self, namespace: &str, resource: &ApiResource) -> Vec<String> {
-        Api::<DynamicObject>::namespaced_with(self.client(), namespace, resource)
-            .list(&ListParams::default())
-            .await
-            .map(|l| {
-                l.items
-                    .into_iter()
-                    .filter_map(|o| o.metadata.name)
-                    .collect()
-            })
-            .unwrap_or_default()
+        fixtures::dynamic_names(&self.client(), namespace, resource).await
     }
 
     /// Everything of a namespace's clusters that could be left behind.
@@ -530,7 +495,7 @@ async fn kubevirt_pool_joins_scales_rolls_heals_and_goes_with_its_cluster() {
     let world = World::start(None).await;
     let factory = world.parts.factory();
     let (namespace, name, pool) = ("tenant-a", "demo", "demo-md0");
-    world.namespace(namespace).await;
+    world.parts.create_namespace(namespace).await;
     // A cluster with the default Talos image: it names no image factory
     // and no schematic, and is stored with the manager's factory.
     let spec = json!({ "version": "v1.35", "talos": { "version": TALOS } });
@@ -713,25 +678,13 @@ async fn proxmox_pools_of_two_tenants_join_their_own_clusters() {
     let world = World::start(Some(&tenants)).await;
     let pve = world.parts.pve();
     for (index, tenant) in tenants.iter().enumerate() {
-        world.namespace(tenant).await;
+        world.parts.create_namespace(tenant).await;
         let token = pve.tenant(tenant, &[]).await;
         let credentials = format!("{tenant}-pve-credentials");
-        tenantry_e2e::manifests::create_object(
-            &world.client(),
-            &json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": { "name": credentials },
-                "stringData": {
-                    "url": pve.sim.url().as_str(),
-                    "token_id": token.id,
-                    "token_secret": token.secret,
-                    "root_ca": pve.sim.ca_pem(),
-                }
-            }),
-            tenant,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+        world
+            .parts
+            .create(tenant, fixtures::pve_credentials(&credentials, pve, &token))
+            .await;
         world
             .create_kubernetes(
                 tenant,

@@ -3,15 +3,14 @@
 //! the KubeVirt/CDI simulator. Everything asserted is what a user would look
 //! at: object status and conditions, and what exists in the "substrate".
 
-use std::fmt::Debug;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tenantry_api::contract::PAUSED_ANNOTATION;
 use tenantry_api::generated::capi::cluster::Cluster;
@@ -20,6 +19,7 @@ use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::generated::kubevirt::virtual_machine_instance::VirtualMachineInstance;
 use tenantry_api::kubevirt::{KubevirtCluster, KubevirtMachine};
+use tenantry_e2e::fixtures::{self, KUBEVIRT_API_VERSION, NamespacedKind, names};
 use tenantry_e2e::sim::kubevirt::{
     BOOTSTRAP_SENTINEL, DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactory, ImageFactoryConfig,
     KubevirtSimConfig, KubevirtSimulator, SshGuestConfig,
@@ -74,13 +74,7 @@ impl World {
         self.inner.client()
     }
 
-    fn api<K>(&self) -> Api<K>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
-    {
+    fn api<K: NamespacedKind>(&self) -> Api<K> {
         self.inner.api(NAMESPACE)
     }
 
@@ -96,33 +90,47 @@ impl World {
         self.inner.fail(error)
     }
 
+    async fn get<K: NamespacedKind>(&self, name: &str) -> K {
+        self.api::<K>()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("get {} {name}: {e}", K::kind(&())))
+    }
+
+    async fn get_opt<K: NamespacedKind>(&self, name: &str) -> Option<K> {
+        self.api::<K>()
+            .get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("get {} {name}: {e}", K::kind(&())))
+    }
+
+    async fn create(&self, document: Value) {
+        self.inner.create(NAMESPACE, document).await;
+    }
+
     /// A CAPI Cluster with a KubevirtCluster, as CAPK's templates make them.
     async fn create_cluster(&self, name: &str, kubevirt_cluster_spec: Value) {
-        create(
-            &self.client(),
-            json!({
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-                "kind": "KubevirtCluster",
-                "metadata": { "name": name, "namespace": NAMESPACE },
-                "spec": kubevirt_cluster_spec,
-            }),
-        )
-        .await;
-        create(&self.client(), json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Cluster",
-            "metadata": { "name": name, "namespace": NAMESPACE },
-            "spec": {
-                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
-                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtCluster", "name": name }
-            }
-        }))
-        .await;
+        self.create(fixtures::kubevirt_cluster(name, kubevirt_cluster_spec))
+            .await;
+        self.create(fixtures::cluster(name, "KubevirtCluster"))
+            .await;
+    }
+
+    /// [`Self::create_cluster`] with the default spec, once provisioned.
+    async fn create_provisioned_cluster(&self, name: &str) -> KubevirtCluster {
+        self.create_cluster(name, json!({})).await;
+        self.wait_cluster_provisioned(name).await
     }
 
     /// A worker: its bootstrap data Secret, KubevirtMachine and Machine.
     async fn create_worker(&self, cluster: &str, name: &str, machine_spec: Value) {
         self.create_worker_with_data(cluster, name, machine_spec, &talos_worker_config(cluster))
+            .await;
+    }
+
+    /// A worker booting Talos from the local factory.
+    async fn create_talos_worker(&self, cluster: &str, name: &str) {
+        self.create_worker(cluster, name, self.talos_machine_spec(TALOS_VERSION))
             .await;
     }
 
@@ -148,69 +156,44 @@ impl World {
         data: &str,
         annotations: Value,
     ) {
-        let bootstrap = format!("{name}-bootstrap");
-        create(
-            &self.client(),
-            json!({
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": { "name": bootstrap, "namespace": NAMESPACE },
-                "stringData": { "value": data, "format": "cloud-config" }
-            }),
-        )
-        .await;
-        create(
-            &self.client(),
-            json!({
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-                "kind": "KubevirtMachine",
-                // Labelled with its cluster at creation, as a MachineSet does.
-                "metadata": {
-                    "name": name,
-                    "namespace": NAMESPACE,
-                    "labels": { "cluster.x-k8s.io/cluster-name": cluster },
-                    "annotations": annotations,
-                },
-                "spec": machine_spec,
-            }),
-        )
-        .await;
-        create(&self.client(), json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Machine",
-            "metadata": { "name": name, "namespace": NAMESPACE, "labels": { "cluster.x-k8s.io/cluster-name": cluster } },
-            "spec": {
-                "clusterName": cluster,
-                "bootstrap": { "dataSecretName": bootstrap },
-                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KubevirtMachine", "name": name }
-            }
-        }))
-        .await;
+        let mut documents = fixtures::worker(
+            KUBEVIRT_API_VERSION,
+            "KubevirtMachine",
+            cluster,
+            name,
+            machine_spec,
+            json!({ "value": data, "format": "cloud-config" }),
+        );
+        // The KubevirtMachine, between its bootstrap Secret and Machine.
+        documents[1]["metadata"]["annotations"] = annotations;
+        for document in documents {
+            self.create(document).await;
+        }
+    }
+
+    /// Deletes the CAPI Machine `name`, as scaling down does.
+    async fn delete_machine(&self, name: &str) {
+        self.api::<Machine>()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete Machine");
+    }
+
+    /// Sets the Cluster's `spec.paused`.
+    async fn pause_cluster(&self, name: &str, paused: bool) {
+        self.api::<Cluster>()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "paused": paused } })),
+            )
+            .await
+            .expect("pause or unpause Cluster");
     }
 
     /// A KubevirtMachine spec with a Talos boot disk from the local factory.
     fn talos_machine_spec(&self, talos_version: &str) -> Value {
-        json!({
-            "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
-            "bootDisk": {
-                "imageFactoryURL": self.factory().base_url().trim_end_matches('/'),
-                "schematicID": DEFAULT_SCHEMATIC,
-                "talosVersion": talos_version,
-                "diskSize": "20Gi",
-                "storageClass": "replicated"
-            },
-            "virtualMachineTemplate": { "spec": {
-                "runStrategy": "Always",
-                "template": { "spec": {
-                    "domain": {
-                        "cpu": { "cores": 2 },
-                        "memory": { "guest": "4Gi" },
-                        "devices": { "interfaces": [{ "name": "default", "bridge": {} }] }
-                    },
-                    "networks": [{ "name": "default", "pod": {} }]
-                }}
-            }}
-        })
+        fixtures::talos_machine_spec(self.factory().base_url(), talos_version)
     }
 
     /// A KubevirtMachine spec for a cloud-init image (a container disk, as
@@ -276,58 +259,39 @@ impl World {
         )
     }
 
-    /// Like [`World::wait_machine`], with the guest's log on failure.
-    async fn wait_guest_machine(
-        &self,
-        name: &str,
-        what: &str,
-        predicate: impl Fn(&KubevirtMachine) -> bool,
-    ) -> KubevirtMachine {
-        let api: Api<KubevirtMachine> = self.api();
-        wait::until(format!("KubevirtMachine {name}: {what}"), DEADLINE, || {
-            let api = api.clone();
-            let found = async move { api.get_opt(name).await };
-            let predicate = &predicate;
-            async move { Ok(found.await?.filter(|m| predicate(m))) }
-        })
-        .await
-        .unwrap_or_else(|e| self.fail_with_guest(name, e))
-    }
-
+    /// Waits for the KubevirtMachine `name` to satisfy `predicate`; fails
+    /// with its guest's log (the ssh check's side of the story) too.
     async fn wait_machine(
         &self,
         name: &str,
         what: &str,
         predicate: impl Fn(&KubevirtMachine) -> bool,
     ) -> KubevirtMachine {
-        let api: Api<KubevirtMachine> = self.api();
-        wait::until(format!("KubevirtMachine {name}: {what}"), DEADLINE, || {
-            let api = api.clone();
-            let found = async move { api.get_opt(name).await };
-            let predicate = &predicate;
-            async move { Ok(found.await?.filter(|m| predicate(m))) }
-        })
+        fixtures::wait_for_object(
+            &self.api(),
+            name,
+            format!("KubevirtMachine {name}: {what}"),
+            DEADLINE,
+            |m| predicate(&m).then_some(m),
+        )
         .await
-        .unwrap_or_else(|e| self.fail(e))
+        .unwrap_or_else(|e| self.fail_with_guest(name, e))
     }
 
     async fn wait_cluster_provisioned(&self, name: &str) -> KubevirtCluster {
-        let clusters: Api<Cluster> = self.api();
-        wait::until(
+        fixtures::wait_for_object(
+            &self.api::<Cluster>(),
+            name,
             format!("Cluster {name} infrastructure provisioned"),
             DEADLINE,
-            || {
-                let clusters = clusters.clone();
-                async move {
-                    let cluster = clusters.get(name).await?;
-                    let provisioned = cluster
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.initialization.as_ref())
-                        .and_then(|i| i.infrastructure_provisioned)
-                        == Some(true);
-                    Ok(provisioned.then_some(()))
-                }
+            |cluster| {
+                let provisioned = cluster
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.initialization.as_ref())
+                    .and_then(|i| i.infrastructure_provisioned)
+                    == Some(true);
+                provisioned.then_some(())
             },
         )
         .await
@@ -362,99 +326,46 @@ impl World {
 }
 
 /// Everything of the given machines that still exists, by kind and name.
-async fn leftovers(client: &kube::Client, names: &[String]) -> anyhow::Result<Vec<String>> {
-    let mut left = Vec::new();
-    let list = |kind: &'static str, items: Vec<String>| {
-        items.into_iter().map(move |n| format!("{kind} {n}"))
-    };
-    let machines: Api<KubevirtMachine> = Api::namespaced(client.clone(), NAMESPACE);
-    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), NAMESPACE);
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NAMESPACE);
-    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), NAMESPACE);
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    let names_of = |items: Vec<String>| {
-        items
-            .into_iter()
-            .filter(|n| names.iter().any(|m| n.starts_with(m.as_str())))
-            .collect::<Vec<_>>()
-    };
-    left.extend(list(
-        "KubevirtMachine",
-        names_of(
-            machines
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
+async fn leftovers(client: &kube::Client, machines: &[String]) -> anyhow::Result<Vec<String>> {
+    fn api<K: NamespacedKind>(client: &kube::Client) -> Api<K> {
+        Api::namespaced(client.clone(), NAMESPACE)
+    }
+    let found = [
+        (
+            "KubevirtMachine",
+            names(&api::<KubevirtMachine>(client)).await?,
         ),
-    ));
-    left.extend(list(
-        "VirtualMachine",
-        names_of(
-            vms.list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
+        (
+            "VirtualMachine",
+            names(&api::<VirtualMachine>(client)).await?,
         ),
-    ));
-    left.extend(list(
-        "VirtualMachineInstance",
-        names_of(
-            vmis.list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
+        (
+            "VirtualMachineInstance",
+            names(&api::<VirtualMachineInstance>(client)).await?,
         ),
-    ));
-    left.extend(list(
-        "DataVolume",
-        names_of(
-            dvs.list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
+        ("DataVolume", names(&api::<DataVolume>(client)).await?),
+        (
+            "PersistentVolumeClaim",
+            names(&api::<PersistentVolumeClaim>(client)).await?,
         ),
-    ));
-    left.extend(list(
-        "PersistentVolumeClaim",
-        names_of(
-            pvcs.list(&ListParams::default())
+        (
+            "Secret",
+            names(&api::<Secret>(client))
                 .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
-        ),
-    ));
-    left.extend(list(
-        "Secret",
-        names_of(
-            secrets
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
+                .into_iter()
                 .filter(|n| n.ends_with("-userdata"))
                 .collect(),
         ),
-    ));
-    Ok(left)
-}
-
-async fn create(client: &kube::Client, document: Value) {
-    tenantry_e2e::manifests::create_object(client, &document, NAMESPACE)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    ];
+    Ok(found
+        .into_iter()
+        .flat_map(|(kind, items)| {
+            items
+                .into_iter()
+                .filter(|n| machines.iter().any(|m| n.starts_with(m.as_str())))
+                .map(move |n| format!("{kind} {n}"))
+        })
+        .collect())
 }
 
 /// Kubeadm join data shaped as CABPK writes it: cloud-init's jinja marker,
@@ -500,46 +411,36 @@ fn private_key_lines(pem: &str) -> Vec<String> {
 }
 
 fn talos_worker_config(cluster: &str) -> String {
-    format!(
-        "version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: test-token\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-{cluster}.{NAMESPACE}.svc:6443\n"
+    fixtures::talos_worker_config(
+        "test-token",
+        &format!("https://kubernetes-{cluster}.{NAMESPACE}.svc:6443"),
     )
 }
 
-fn condition<'a>(
-    machine: &'a KubevirtMachine,
-    type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    machine
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
+fn condition<'a>(machine: &'a KubevirtMachine, type_: &str) -> Option<&'a Condition> {
+    fixtures::condition(&machine.status.as_ref()?.conditions, type_)
+}
+
+/// The label or annotation `key` of `entries`.
+fn entry<'a>(entries: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    entries.as_ref()?.get(key).map(String::as_str)
 }
 
 fn is_provisioned(machine: &KubevirtMachine) -> bool {
     machine
         .status
         .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
+        .is_some_and(|s| fixtures::provisioned(&s.initialization))
         && condition(machine, "Ready").is_some_and(|c| c.status == "True")
 }
 
 #[tokio::test]
 async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     let world = World::start().await;
-    world.create_cluster("demo", json!({})).await;
-    let kubevirt_cluster = world.wait_cluster_provisioned("demo").await;
+    let kubevirt_cluster = world.create_provisioned_cluster("demo").await;
 
     // The control-plane Service exists and gave the cluster its endpoint.
-    let service = world
-        .api::<Service>()
-        .get("demo-lb")
-        .await
-        .expect("control-plane Service demo-lb");
+    let service = world.get::<Service>("demo-lb").await;
     let spec = service.spec.expect("service spec");
     assert_eq!(spec.ports.unwrap()[0].port, 6443);
     let endpoint = kubevirt_cluster
@@ -598,11 +499,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
     );
 
     // The VM: named after the machine, its own Talos disk from the factory.
-    let vm = world
-        .api::<VirtualMachine>()
-        .get("demo-worker-1")
-        .await
-        .expect("VirtualMachine");
+    let vm = world.get::<VirtualMachine>("demo-worker-1").await;
     let vm = serde_json::to_value(vm).unwrap();
     let dv = &vm["spec"]["dataVolumeTemplates"][0];
     assert_eq!(dv["metadata"]["name"], "demo-worker-1-talos-boot");
@@ -615,11 +512,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
         world.factory().requests() >= 1,
         "CDI fetched the image from the factory"
     );
-    let userdata = world
-        .api::<Secret>()
-        .get("demo-worker-1-userdata")
-        .await
-        .expect("userdata Secret");
+    let userdata = world.get::<Secret>("demo-worker-1-userdata").await;
     assert_eq!(
         String::from_utf8_lossy(&userdata.data.unwrap()["userdata"].0),
         talos_worker_config("demo")
@@ -632,11 +525,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
         FaultTarget::named(NAMESPACE, "demo-worker-1"),
         Fault::SlowShutdown(Duration::from_secs(3600)),
     );
-    world
-        .api::<Machine>()
-        .delete("demo-worker-1", &DeleteParams::default())
-        .await
-        .expect("delete Machine");
+    world.delete_machine("demo-worker-1").await;
     let vmis: Api<VirtualMachineInstance> = world.api();
     let machines: Api<KubevirtMachine> = world.api();
     wait::until(
@@ -665,8 +554,7 @@ async fn machine_is_provisioned_through_capi_and_deletion_waits_for_the_vm() {
 #[tokio::test]
 async fn import_404_is_reported_and_deletion_leaves_nothing() {
     let world = World::start().await;
-    world.create_cluster("demo", json!({})).await;
-    world.wait_cluster_provisioned("demo").await;
+    world.create_provisioned_cluster("demo").await;
     world
         .create_worker("demo", "demo-bad-image", world.talos_machine_spec("v9.9.9"))
         .await;
@@ -685,39 +573,26 @@ async fn import_404_is_reported_and_deletion_leaves_nothing() {
     );
     assert!(
         world
-            .api::<VirtualMachineInstance>()
-            .get_opt("demo-bad-image")
+            .get_opt::<VirtualMachineInstance>("demo-bad-image")
             .await
-            .unwrap()
             .is_none()
     );
 
-    world
-        .api::<Machine>()
-        .delete("demo-bad-image", &DeleteParams::default())
-        .await
-        .expect("delete Machine");
+    world.delete_machine("demo-bad-image").await;
     world.wait_all_gone(&["demo-bad-image".to_string()]).await;
 }
 
 #[tokio::test]
 async fn a_vm_that_never_becomes_ready_says_why() {
     let world = World::start().await;
-    world.create_cluster("demo", json!({})).await;
-    world.wait_cluster_provisioned("demo").await;
+    world.create_provisioned_cluster("demo").await;
     world.sim().faults().inject(
         FaultTarget::named(NAMESPACE, "demo-stuck"),
         Fault::Unschedulable(Some(
             "0/3 nodes are available: 3 Insufficient memory".into(),
         )),
     );
-    world
-        .create_worker(
-            "demo",
-            "demo-stuck",
-            world.talos_machine_spec(TALOS_VERSION),
-        )
-        .await;
+    world.create_talos_worker("demo", "demo-stuck").await;
     let machine = world
         .wait_machine("demo-stuck", "reporting the scheduling failure", |m| {
             condition(m, "Ready").is_some_and(|c| c.reason == "Unschedulable")
@@ -743,8 +618,7 @@ async fn paused_cluster_gets_no_vm_until_unpaused() {
     // worker is therefore made with the object's own pause, which CAPI's
     // Machine controller does not share: CAPI adopts it, tenantry holds it.
     let world = World::start().await;
-    world.create_cluster("demo", json!({})).await;
-    world.wait_cluster_provisioned("demo").await;
+    world.create_provisioned_cluster("demo").await;
     world
         .create_worker_annotated(
             "demo",
@@ -773,15 +647,7 @@ async fn paused_cluster_gets_no_vm_until_unpaused() {
 
     // Pause the Cluster, then lift the object's pause: the Cluster's pause
     // alone holds the machine now.
-    world
-        .api::<Cluster>()
-        .patch(
-            "demo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "paused": true } })),
-        )
-        .await
-        .expect("pause Cluster");
+    world.pause_cluster("demo", true).await;
     world
         .api::<KubevirtMachine>()
         .patch(
@@ -800,23 +666,13 @@ async fn paused_cluster_gets_no_vm_until_unpaused() {
     // Paused means no write but the Paused condition: no VM was created.
     assert!(
         world
-            .api::<VirtualMachine>()
-            .get_opt("demo-paused")
+            .get_opt::<VirtualMachine>("demo-paused")
             .await
-            .unwrap()
             .is_none()
     );
     assert!(condition(&machine, "VMProvisioned").is_none());
 
-    world
-        .api::<Cluster>()
-        .patch(
-            "demo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "paused": false } })),
-        )
-        .await
-        .expect("unpause Cluster");
+    world.pause_cluster("demo", false).await;
     let machine = world
         .wait_machine("demo-paused", "provisioned after unpause", is_provisioned)
         .await;
@@ -826,19 +682,12 @@ async fn paused_cluster_gets_no_vm_until_unpaused() {
 #[tokio::test]
 async fn manager_restart_mid_provisioning_creates_no_second_vm() {
     let mut world = World::start().await;
-    world.create_cluster("demo", json!({})).await;
-    world.wait_cluster_provisioned("demo").await;
+    world.create_provisioned_cluster("demo").await;
     world.sim().faults().inject(
         FaultTarget::any(),
         Fault::SlowImport(Duration::from_secs(4)),
     );
-    world
-        .create_worker(
-            "demo",
-            "demo-restart",
-            world.talos_machine_spec(TALOS_VERSION),
-        )
-        .await;
+    world.create_talos_worker("demo", "demo-restart").await;
     let vms: Api<VirtualMachine> = world.api();
     let first = wait::until("the VM to be created", DEADLINE, || {
         let vms = vms.clone();
@@ -870,17 +719,14 @@ async fn manager_restart_mid_provisioning_creates_no_second_vm() {
 #[tokio::test]
 async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
     let world = World::start().await;
-    world.create_cluster("demo", json!({})).await;
-    world.wait_cluster_provisioned("demo").await;
+    world.create_provisioned_cluster("demo").await;
     world.sim().faults().inject(
         FaultTarget::any(),
         Fault::SlowImport(Duration::from_secs(3)),
     );
     let names: Vec<String> = (0..20).map(|i| format!("demo-many-{i:02}")).collect();
     for name in &names {
-        world
-            .create_worker("demo", name, world.talos_machine_spec(TALOS_VERSION))
-            .await;
+        world.create_talos_worker("demo", name).await;
     }
     // Wait until every VM exists (mid-provisioning: imports still running).
     let vms: Api<VirtualMachine> = world.api();
@@ -897,12 +743,8 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
     })
     .await
     .unwrap_or_else(|e| world.fail(e));
-    let machines: Api<Machine> = world.api();
     for name in &names {
-        machines
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete Machine");
+        world.delete_machine(name).await;
     }
     world.wait_all_gone(&names).await;
     let finalizers_left = world
@@ -920,14 +762,14 @@ async fn externally_managed_cluster_is_seen_as_provisioned_under_the_v1beta2_con
     let world = World::start().await;
     // As the Kamaji control plane provider leaves it: managed-by annotation,
     // endpoint in spec, v1beta1 `status.ready`.
-    create(&world.client(), json!({
+    world.create(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "KubevirtCluster",
         "metadata": { "name": "kamaji", "namespace": NAMESPACE, "annotations": { "cluster.x-k8s.io/managed-by": "kamaji" } },
         "spec": { "controlPlaneEndpoint": { "host": "kubernetes-kamaji.default.svc", "port": 6443 } }
     }))
     .await;
-    create(&world.client(), json!({
+    world.create(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "Cluster",
         "metadata": { "name": "kamaji", "namespace": NAMESPACE },
@@ -950,14 +792,7 @@ async fn externally_managed_cluster_is_seen_as_provisioned_under_the_v1beta2_con
         "{:?}",
         kubevirt_cluster.metadata.finalizers
     );
-    assert!(
-        world
-            .api::<Service>()
-            .get_opt("kamaji-lb")
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(world.get_opt::<Service>("kamaji-lb").await.is_none());
     let status = kubevirt_cluster.status.unwrap();
     assert_eq!(status.initialization.unwrap().provisioned, Some(true));
     assert!(status.conditions.is_none());
@@ -973,44 +808,37 @@ async fn start_infra_cluster() -> tenantry_e2e::World {
         .await
 }
 
-/// The Secret `infraClusterSecretRef` names: a kubeconfig of the
-/// infrastructure cluster, VMs in its namespace `vms`.
-async fn create_infra_kubeconfig_secret(world: &World, kubeconfig: &str) {
-    create(
-        &world.client(),
-        json!({
+/// A cluster `name` whose VMs run in the infrastructure cluster, reached
+/// with `kubeconfig` in its namespace `vms` (the Secret
+/// `infraClusterSecretRef` names); returns once it is provisioned.
+async fn create_external_cluster(world: &World, name: &str, kubeconfig: &str) {
+    world
+        .create(json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": { "name": "infra-kubeconfig", "namespace": NAMESPACE },
             "stringData": { "kubeconfig": kubeconfig, "namespace": "vms" }
-        }),
-    )
-    .await;
+        }))
+        .await;
+    world
+        .create_cluster(name, json!({ "infraClusterSecretRef": { "apiVersion": "v1", "kind": "Secret", "name": "infra-kubeconfig", "namespace": NAMESPACE } }))
+        .await;
+    world.wait_cluster_provisioned(name).await;
 }
 
 #[tokio::test]
 async fn vms_run_in_an_external_infrastructure_cluster() {
     let world = World::start().await;
     let infra = start_infra_cluster().await;
+    infra.create_namespace("vms").await;
     let kubeconfig = std::fs::read_to_string(infra.control_plane().kubeconfig_path()).unwrap();
-    create_infra_kubeconfig_secret(&world, &kubeconfig).await;
-    create(
-        &infra.client(),
-        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "vms" } }),
-    )
-    .await;
-    world
-        .create_cluster("ext", json!({ "infraClusterSecretRef": { "apiVersion": "v1", "kind": "Secret", "name": "infra-kubeconfig", "namespace": NAMESPACE } }))
-        .await;
-    world.wait_cluster_provisioned("ext").await;
+    create_external_cluster(&world, "ext", &kubeconfig).await;
     let infra_services: Api<Service> = Api::namespaced(infra.client(), "vms");
     assert!(
         infra_services.get_opt("ext-lb").await.unwrap().is_some(),
         "Service in the infrastructure cluster"
     );
 
-    world
-        .create_worker("ext", "ext-worker", world.talos_machine_spec(TALOS_VERSION))
-        .await;
+    world.create_talos_worker("ext", "ext-worker").await;
     let machine = world
         .wait_machine(
             "ext-worker",
@@ -1031,19 +859,13 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
     assert!(infra_vms.get_opt("ext-worker").await.unwrap().is_some());
     assert!(
         world
-            .api::<VirtualMachine>()
-            .get_opt("ext-worker")
+            .get_opt::<VirtualMachine>("ext-worker")
             .await
-            .unwrap()
             .is_none(),
         "nothing in management"
     );
 
-    world
-        .api::<Machine>()
-        .delete("ext-worker", &DeleteParams::default())
-        .await
-        .expect("delete Machine");
+    world.delete_machine("ext-worker").await;
     wait::until("the machine and its VM to be gone", DEADLINE, || {
         let (machines, infra_vms) = (world.api::<KubevirtMachine>(), infra_vms.clone());
         async move {
@@ -1062,7 +884,6 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
             .unwrap()
             .is_none()
     );
-    let _ = PostParams::default();
 }
 
 /// An infrastructure cluster that refuses a request (here its RBAC does not
@@ -1073,36 +894,34 @@ async fn vms_run_in_an_external_infrastructure_cluster() {
 async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_recovers() {
     let world = World::start().await;
     let infra = start_infra_cluster().await;
-    create(
-        &infra.client(),
-        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "vms" } }),
-    )
-    .await;
+    infra.create_namespace("vms").await;
     // Everything tenantry needs in the infrastructure namespace but Secrets.
     let rules_without_secrets = json!([
         { "apiGroups": [""], "resources": ["services"], "verbs": ["*"] },
         { "apiGroups": ["kubevirt.io"], "resources": ["virtualmachines", "virtualmachineinstances"], "verbs": ["*"] },
         { "apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"], "verbs": ["*"] }
     ]);
-    create(
-        &infra.client(),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": { "name": "tenantry", "namespace": "vms" },
-            "rules": rules_without_secrets
-        }),
-    )
-    .await;
-    create(
-        &infra.client(),
-        json!({
+    infra
+        .create(
+            NAMESPACE,
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": { "name": "tenantry", "namespace": "vms" },
+                "rules": rules_without_secrets
+            }),
+        )
+        .await;
+    infra
+        .create(
+            NAMESPACE,
+            json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": { "name": "tenantry", "namespace": "vms" },
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenantry" },
             "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenantry-infra" }]
         }),
-    )
-    .await;
+        )
+        .await;
     let kubeconfig = std::fs::read_to_string(
         infra
             .control_plane()
@@ -1110,17 +929,9 @@ async fn a_refusing_infrastructure_cluster_is_named_on_the_machine_until_it_reco
             .expect("infra user kubeconfig"),
     )
     .unwrap();
-    create_infra_kubeconfig_secret(&world, &kubeconfig).await;
+    create_external_cluster(&world, "refusing", &kubeconfig).await;
     world
-        .create_cluster("refusing", json!({ "infraClusterSecretRef": { "apiVersion": "v1", "kind": "Secret", "name": "infra-kubeconfig", "namespace": NAMESPACE } }))
-        .await;
-    world.wait_cluster_provisioned("refusing").await;
-    world
-        .create_worker(
-            "refusing",
-            "refusing-worker",
-            world.talos_machine_spec(TALOS_VERSION),
-        )
+        .create_talos_worker("refusing", "refusing-worker")
         .await;
 
     let machine = world
@@ -1182,8 +993,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
         .capture_logs(),
     )
     .await;
-    world.create_cluster("demo", json!({})).await;
-    let kubevirt_cluster = world.wait_cluster_provisioned("demo").await;
+    let kubevirt_cluster = world.create_provisioned_cluster("demo").await;
 
     // The cluster's key pair, as CAPK keeps it.
     let keys_secret = kubevirt_cluster
@@ -1192,11 +1002,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
         .as_ref()
         .and_then(|k| k.data_secret_name.clone());
     assert_eq!(keys_secret.as_deref(), Some("demo-ssh-keys"));
-    let secret = world
-        .api::<Secret>()
-        .get("demo-ssh-keys")
-        .await
-        .expect("SSH keys Secret");
+    let secret = world.get::<Secret>("demo-ssh-keys").await;
     assert_eq!(secret.type_.as_deref(), Some("cluster.x-k8s.io/secret"));
     let owner = &secret.metadata.owner_references.clone().unwrap_or_default()[0];
     assert_eq!(
@@ -1224,7 +1030,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
 
     // The VM is ready before bootstrap ends: the machine waits for the sentinel.
     let waiting = world
-        .wait_guest_machine("demo-kubeadm", "waiting for the bootstrap sentinel", |m| {
+        .wait_machine("demo-kubeadm", "waiting for the bootstrap sentinel", |m| {
             condition(m, "BootstrapExecSucceeded")
                 .is_some_and(|c| c.reason == "WaitingForBootstrapSentinel")
         })
@@ -1248,7 +1054,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
     assert!(waiting.spec.provider_id.is_none());
 
     let machine = world
-        .wait_guest_machine(
+        .wait_machine(
             "demo-kubeadm",
             "provisioned once the sentinel says success",
             is_provisioned,
@@ -1265,11 +1071,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
     );
     // The VM records the data's format, which keeps the check on ssh
     // without reading the bootstrap-data Secret once the VM exists.
-    let vm = world
-        .api::<VirtualMachine>()
-        .get("demo-kubeadm")
-        .await
-        .expect("the VirtualMachine");
+    let vm = world.get::<VirtualMachine>("demo-kubeadm").await;
     assert_eq!(
         vm.annotations()
             .get("infrastructure.tenantry.dev/bootstrap-format")
@@ -1292,11 +1094,7 @@ async fn ssh_check_provisions_a_kubeadm_machine_only_once_its_sentinel_appears()
 
     // The guest got user capk with the cluster's public key, and kept the
     // data's jinja marker and default user.
-    let userdata = world
-        .api::<Secret>()
-        .get("demo-kubeadm-userdata")
-        .await
-        .expect("userdata Secret");
+    let userdata = world.get::<Secret>("demo-kubeadm-userdata").await;
     let userdata = String::from_utf8(userdata.data.unwrap()["userdata"].0.clone()).unwrap();
     assert!(
         userdata.starts_with("## template: jinja\n#cloud-config\n"),
@@ -1380,8 +1178,7 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
         ..Default::default()
     })
     .await;
-    world.create_cluster("demo", json!({})).await;
-    world.wait_cluster_provisioned("demo").await;
+    world.create_provisioned_cluster("demo").await;
     // As when `kubeadm join` fails: the command never gets to `echo success`.
     world.sim().faults().inject(
         FaultTarget::named(NAMESPACE, "demo-no-join"),
@@ -1397,7 +1194,7 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
         .await;
     world.wait_guest_sshd("demo-no-join").await;
     world
-        .wait_guest_machine("demo-no-join", "waiting for the bootstrap sentinel", |m| {
+        .wait_machine("demo-no-join", "waiting for the bootstrap sentinel", |m| {
             condition(m, "BootstrapExecSucceeded")
                 .is_some_and(|c| c.reason == "WaitingForBootstrapSentinel")
         })
@@ -1415,11 +1212,7 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
     })
     .await
     .unwrap_or_else(|e| world.fail_with_guest("demo-no-join", e));
-    let machine = world
-        .api::<KubevirtMachine>()
-        .get("demo-no-join")
-        .await
-        .unwrap();
+    let machine = world.get::<KubevirtMachine>("demo-no-join").await;
     assert!(!is_provisioned(&machine));
     assert!(machine.spec.provider_id.is_none());
     let ready = condition(&machine, "Ready").unwrap();
@@ -1451,8 +1244,7 @@ async fn ssh_check_keeps_a_machine_whose_sentinel_never_appears_not_ready() {
 #[tokio::test]
 async fn nested_template_metadata_reaches_the_vm_the_vmi_and_the_data_volume() {
     let world = World::start().await;
-    world.create_cluster("meta", json!({})).await;
-    world.wait_cluster_provisioned("meta").await;
+    world.create_provisioned_cluster("meta").await;
 
     let vmi_metadata = json!({
         "labels": { "example.com/tier": "gold" },
@@ -1480,16 +1272,14 @@ async fn nested_template_metadata_reaches_the_vm_the_vmi_and_the_data_volume() {
     guest["volumes"] = json!([{ "name": "scratch", "dataVolume": { "name": "scratch" } }]);
 
     // The template keeps the fields as stored (the CRD used to prune them).
-    create(
-        &world.client(),
-        json!({
+    world
+        .create(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
             "kind": "KubevirtMachineTemplate",
             "metadata": { "name": "meta-workers", "namespace": NAMESPACE },
             "spec": { "template": { "spec": machine_spec.clone() } }
-        }),
-    )
-    .await;
+        }))
+        .await;
     let templates = Api::<kube::api::DynamicObject>::namespaced_with(
         world.client(),
         NAMESPACE,
@@ -1514,48 +1304,31 @@ async fn nested_template_metadata_reaches_the_vm_the_vmi_and_the_data_volume() {
         .wait_machine("meta-worker-1", "provisioned", is_provisioned)
         .await;
 
-    let vm = world
-        .api::<VirtualMachine>()
-        .get("meta-worker-1")
-        .await
-        .expect("VirtualMachine");
+    let vm = world.get::<VirtualMachine>("meta-worker-1").await;
     let vm = serde_json::to_value(vm).unwrap();
     assert_eq!(
         vm["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
         "default/storage-net"
     );
-    let vmi = world
-        .api::<VirtualMachineInstance>()
-        .get("meta-worker-1")
-        .await
-        .expect("VirtualMachineInstance");
-    let vmi_labels = vmi.metadata.labels.unwrap_or_default();
+    let vmi = world.get::<VirtualMachineInstance>("meta-worker-1").await;
     assert_eq!(
-        vmi_labels.get("example.com/tier").map(String::as_str),
+        entry(&vmi.metadata.labels, "example.com/tier"),
         Some("gold")
     );
-    let vmi_annotations = vmi.metadata.annotations.unwrap_or_default();
     assert_eq!(
-        vmi_annotations
-            .get("k8s.v1.cni.cncf.io/networks")
-            .map(String::as_str),
+        entry(&vmi.metadata.annotations, "k8s.v1.cni.cncf.io/networks"),
         Some("default/storage-net")
     );
-    let dv = world
-        .api::<DataVolume>()
-        .get("meta-worker-1-scratch")
-        .await
-        .expect("DataVolume meta-worker-1-scratch");
-    let dv_labels = dv.metadata.labels.unwrap_or_default();
+    let dv = world.get::<DataVolume>("meta-worker-1-scratch").await;
     assert_eq!(
-        dv_labels.get("example.com/disk").map(String::as_str),
+        entry(&dv.metadata.labels, "example.com/disk"),
         Some("scratch")
     );
-    let dv_annotations = dv.metadata.annotations.unwrap_or_default();
     assert_eq!(
-        dv_annotations
-            .get("cdi.kubevirt.io/storage.bind.immediate.requested")
-            .map(String::as_str),
+        entry(
+            &dv.metadata.annotations,
+            "cdi.kubevirt.io/storage.bind.immediate.requested"
+        ),
         Some("true")
     );
 }

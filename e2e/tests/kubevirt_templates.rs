@@ -7,15 +7,27 @@ use std::time::Duration;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tenantry_api::kubevirt::KubevirtMachineTemplate;
-use tenantry_e2e::{World, wait};
+use tenantry_e2e::World;
+use tenantry_e2e::fixtures::wait_for_object;
 
-async fn world() -> World {
-    World::builder("harness")
+/// A control plane with tenantry and its webhooks, and the template
+/// `workers` of `cores` cores created in it.
+async fn world_with_template(cores: u32) -> (World, Api<KubevirtMachineTemplate>) {
+    let world = World::builder("harness")
         .without_controller_manager()
         .tenantry()
         .webhooks()
         .start()
-        .await
+        .await;
+    let api: Api<KubevirtMachineTemplate> = world.api("default");
+    api.patch(
+        "workers",
+        &apply(false),
+        &Patch::Apply(template(cores, json!({}))),
+    )
+    .await
+    .expect("create template");
+    (world, api)
 }
 
 fn template(cores: u32, annotations: serde_json::Value) -> serde_json::Value {
@@ -42,15 +54,7 @@ fn apply(dry_run: bool) -> PatchParams {
 
 #[tokio::test]
 async fn template_spec_is_immutable_except_for_topology_dry_runs() {
-    let world = world().await;
-    let api: Api<KubevirtMachineTemplate> = world.api("default");
-    api.patch(
-        "workers",
-        &apply(false),
-        &Patch::Apply(template(2, json!({}))),
-    )
-    .await
-    .expect("create template");
+    let (_world, api) = world_with_template(2).await;
 
     let refused = api
         .patch(
@@ -109,25 +113,14 @@ async fn template_spec_is_immutable_except_for_topology_dry_runs() {
 
 #[tokio::test]
 async fn template_status_reports_capacity_for_scale_from_zero() {
-    let world = world().await;
-    let api: Api<KubevirtMachineTemplate> = world.api("default");
-    api.patch(
+    let (_world, api) = world_with_template(3).await;
+    let status = wait_for_object(
+        &api,
         "workers",
-        &apply(false),
-        &Patch::Apply(template(3, json!({}))),
+        "the template's capacity",
+        Duration::from_secs(60),
+        |t| t.status.filter(|s| s.capacity.is_some()),
     )
-    .await
-    .expect("create template");
-    let status = wait::until("the template's capacity", Duration::from_secs(60), || {
-        let api = api.clone();
-        async move {
-            Ok(api
-                .get("workers")
-                .await?
-                .status
-                .filter(|s| s.capacity.is_some()))
-        }
-    })
     .await
     .expect("capacity reported");
     let capacity = status.capacity.unwrap();

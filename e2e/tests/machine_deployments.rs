@@ -15,18 +15,23 @@
 //! the Cluster is deleted.
 
 use std::collections::BTreeSet;
+use std::fmt::Debug;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tenantry_e2e::bench::resource;
 use tenantry_e2e::clusterctl::{Clusterctl, install_cert_manager_crds};
+use tenantry_e2e::fixtures::{self, Substrate, capi};
 use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, Fault, FaultTarget, ImageFactoryConfig, KubevirtSimConfig,
@@ -48,19 +53,17 @@ const KUBERNETES_VERSION: &str = "v1.35.0";
 const TALOS: &str = "v1.13.0";
 const TALOS_NEXT: &str = "v1.13.1";
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+fn virtual_machines() -> ApiResource {
+    resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines")
 }
 
-fn capi(kind: &str, plural: &str) -> ApiResource {
-    resource("cluster.x-k8s.io", "v1beta2", kind, plural)
-}
-
-/// Where the workers run.
-#[derive(Clone, Copy)]
-enum Substrate {
-    Kubevirt,
-    Proxmox,
+fn virtual_machine_instances() -> ApiResource {
+    resource(
+        "kubevirt.io",
+        "v1",
+        "VirtualMachineInstance",
+        "virtualmachineinstances",
+    )
 }
 
 /// A management cluster with CAPI core, tenantry, a substrate simulator,
@@ -120,33 +123,21 @@ async fn init_with_clusterctl(control_plane: &ControlPlane, clusterctl: &Cluster
             .expect("unhook CRD conversion");
         }
     }
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    for hook in validating
-        .list(&installed)
-        .await
-        .expect("list webhooks")
-        .items
-    {
-        validating
-            .delete(
-                &hook.metadata.name.unwrap_or_default(),
-                &DeleteParams::default(),
-            )
-            .await
-            .expect("delete webhook configuration");
-    }
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client);
-    for hook in mutating
-        .list(&installed)
-        .await
-        .expect("list webhooks")
-        .items
-    {
-        mutating
-            .delete(
-                &hook.metadata.name.unwrap_or_default(),
-                &DeleteParams::default(),
-            )
+    delete_webhooks(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        &installed,
+    )
+    .await;
+    delete_webhooks(Api::<MutatingWebhookConfiguration>::all(client), &installed).await;
+}
+
+/// Deletes the webhook configurations `api` lists with `selector`.
+async fn delete_webhooks<K>(api: Api<K>, selector: &ListParams)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    for hook in api.list(selector).await.expect("list webhooks").items {
+        api.delete(&hook.name_any(), &DeleteParams::default())
             .await
             .expect("delete webhook configuration");
     }
@@ -285,49 +276,20 @@ impl World {
     async fn create_infrastructure_cluster(&self) {
         match self.substrate {
             Substrate::Kubevirt => {
-                self.create(json!({
-                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-                    "kind": "KubevirtCluster",
-                    "metadata": { "name": CLUSTER },
-                    "spec": {},
-                }))
-                .await;
+                self.create(fixtures::kubevirt_cluster(CLUSTER, json!({})))
+                    .await;
             }
             Substrate::Proxmox => {
                 let pve = self.parts.pve();
                 let token = pve.tenant(PVE_TENANT, &[]).await;
-                Api::<Namespace>::all(self.client())
-                    .create(
-                        &PostParams::default(),
-                        &serde_json::from_value(json!({ "metadata": { "name": PVE_TENANT } }))
-                            .expect("namespace"),
-                    )
-                    .await
-                    .expect("create namespace");
-                self.create(json!({
-                    "apiVersion": "v1", "kind": "Secret",
-                    // Labelled so that `clusterctl move` takes it along.
-                    "metadata": { "name": PVE_CREDENTIALS, "labels": { "clusterctl.cluster.x-k8s.io/move": "" } },
-                    "stringData": {
-                        "url": pve.sim.url().as_str(),
-                        "token_id": token.id,
-                        "token_secret": token.secret,
-                        "root_ca": pve.sim.ca_pem(),
-                    }
-                }))
-                .await;
-                self.create(json!({
-                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxCluster",
-                    "metadata": { "name": CLUSTER },
-                    "spec": {
-                        "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
-                        "ipv4Config": { "addresses": ["10.10.1.10-10.10.1.60"], "prefix": 24, "gateway": "10.10.1.1" },
-                        "dnsServers": ["10.10.0.53"],
-                        "allowedNodes": ["pve1", "pve2"],
-                        "credentialsRef": { "name": PVE_CREDENTIALS },
-                    }
-                }))
-                .await;
+                self.parts.create_namespace(PVE_TENANT).await;
+                let mut credentials = fixtures::pve_credentials(PVE_CREDENTIALS, pve, &token);
+                // Labelled so that `clusterctl move` takes it along.
+                credentials["metadata"]["labels"] =
+                    json!({ "clusterctl.cluster.x-k8s.io/move": "" });
+                self.create(credentials).await;
+                self.create(fixtures::proxmox_cluster(CLUSTER, 1, PVE_CREDENTIALS))
+                    .await;
             }
         }
     }
@@ -345,17 +307,9 @@ impl World {
             "spec": { "version": KUBERNETES_VERSION, "replicas": 2, "dataStoreName": "default" },
         }))
         .await;
-        self.create(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Cluster",
-            "metadata": { "name": CLUSTER },
-            "spec": {
-                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
-                "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KamajiControlPlane", "name": CLUSTER },
-                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": self.infrastructure_kind("Cluster"), "name": CLUSTER }
-            }
-        }))
-        .await;
+        let mut cluster = fixtures::cluster(CLUSTER, &self.infrastructure_kind("Cluster"));
+        cluster["spec"]["controlPlaneRef"] = json!({ "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KamajiControlPlane", "name": CLUSTER });
+        self.create(cluster).await;
         let (kamaji, namespace) = (self.parts.kamaji(), self.namespace.as_str());
         let tenant = wait::until("the tenant control plane to run", DEADLINE, || async move {
             Ok(kamaji.tenant(namespace, CLUSTER))
@@ -411,27 +365,7 @@ impl World {
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
             "kind": "KubevirtMachineTemplate",
             "metadata": { "name": name },
-            "spec": { "template": { "spec": {
-                "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
-                "bootDisk": {
-                    "imageFactoryURL": factory.base_url().trim_end_matches('/'),
-                    "schematicID": DEFAULT_SCHEMATIC,
-                    "talosVersion": talos,
-                    "diskSize": "20Gi",
-                    "storageClass": "replicated"
-                },
-                "virtualMachineTemplate": { "spec": {
-                    "runStrategy": "Always",
-                    "template": { "spec": {
-                        "domain": {
-                            "cpu": { "cores": 2 },
-                            "memory": { "guest": "4Gi" },
-                            "devices": { "interfaces": [{ "name": "default", "bridge": {} }] }
-                        },
-                        "networks": [{ "name": "default", "pod": {} }]
-                    }}
-                }}
-            }}}
+            "spec": { "template": { "spec": fixtures::talos_machine_spec(factory.base_url(), talos) } }
         }))
         .await;
     }
@@ -460,6 +394,21 @@ impl World {
         .await;
     }
 
+    /// The cluster with a deployment of `replicas` Talos `TALOS` workers,
+    /// once they all run.
+    async fn create_cluster_with_workers(&self, replicas: usize) -> (TenantCluster, Fleet) {
+        let tenant = self.create_cluster().await;
+        self.create_template("demo-workers-a", TALOS).await;
+        self.create_machine_deployment("demo-workers-a", replicas as u32)
+            .await;
+        let fleet = self
+            .wait_fleet(&tenant, format!("{replicas} workers"), |f| {
+                f.machines.len() == replicas
+            })
+            .await;
+        (tenant, fleet)
+    }
+
     async fn patch_machine_deployment(&self, patch: Value) {
         self.dynamic(&capi("MachineDeployment", "machinedeployments"))
             .patch(DEPLOYMENT, &PatchParams::default(), &Patch::Merge(patch))
@@ -473,12 +422,7 @@ impl World {
         match self.substrate {
             Substrate::Kubevirt => {
                 let vms = self
-                    .dynamic(&resource(
-                        "kubevirt.io",
-                        "v1",
-                        "VirtualMachine",
-                        "virtualmachines",
-                    ))
+                    .dynamic(&virtual_machines())
                     .list(&ListParams::default())
                     .await?
                     .items;
@@ -625,24 +569,8 @@ impl World {
         left.extend(names(capi("Machine", "machines")).await?);
         match self.substrate {
             Substrate::Kubevirt => {
-                left.extend(
-                    names(resource(
-                        "kubevirt.io",
-                        "v1",
-                        "VirtualMachine",
-                        "virtualmachines",
-                    ))
-                    .await?,
-                );
-                left.extend(
-                    names(resource(
-                        "kubevirt.io",
-                        "v1",
-                        "VirtualMachineInstance",
-                        "virtualmachineinstances",
-                    ))
-                    .await?,
-                );
+                left.extend(names(virtual_machines()).await?);
+                left.extend(names(virtual_machine_instances()).await?);
                 left.extend(
                     Api::<PersistentVolumeClaim>::namespaced(self.client(), &self.namespace)
                         .list(&ListParams::default())
@@ -735,13 +663,7 @@ fn talos_worker_config(endpoint: &str) -> String {
 #[tokio::test]
 async fn kubevirt_machine_deployment_scales_up_and_down_with_capi() {
     let world = World::start_kubevirt().await;
-    let tenant = world.create_cluster().await;
-    world.create_template("demo-workers-a", TALOS).await;
-    world.create_machine_deployment("demo-workers-a", 0).await;
-
-    let none = world
-        .wait_fleet(&tenant, "no workers".into(), |f| f.machines.is_empty())
-        .await;
+    let (tenant, none) = world.create_cluster_with_workers(0).await;
     assert!(none.vms.is_empty());
 
     let three = world.scale(&tenant, 3).await;
@@ -781,12 +703,7 @@ async fn kubevirt_machine_deployment_scales_up_and_down_with_capi() {
 #[tokio::test]
 async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
     let world = World::start_kubevirt().await;
-    let tenant = world.create_cluster().await;
-    world.create_template("demo-workers-a", TALOS).await;
-    world.create_machine_deployment("demo-workers-a", 3).await;
-    let before = world
-        .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
-        .await;
+    let (tenant, before) = world.create_cluster_with_workers(3).await;
     assert_eq!(
         before.os_images,
         BTreeSet::from([format!("Talos ({TALOS})")])
@@ -809,12 +726,7 @@ async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
         .await;
     assert!(after.vms.is_disjoint(&before.vms), "every VM was replaced");
     // Each new VM boots the new image.
-    let vms = world.dynamic(&resource(
-        "kubevirt.io",
-        "v1",
-        "VirtualMachine",
-        "virtualmachines",
-    ));
+    let vms = world.dynamic(&virtual_machines());
     let url =
         world
             .parts
@@ -834,12 +746,7 @@ async fn rolling_update_to_a_new_talos_version_replaces_every_worker() {
 #[tokio::test]
 async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool() {
     let world = World::start_kubevirt().await;
-    let tenant = world.create_cluster().await;
-    world.create_template("demo-workers-a", TALOS).await;
-    world.create_machine_deployment("demo-workers-a", 3).await;
-    let before = world
-        .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
-        .await;
+    let (tenant, before) = world.create_cluster_with_workers(3).await;
     world.create_health_check(None).await;
     let checks = world.dynamic(&capi("MachineHealthCheck", "machinehealthchecks"));
     let check_counts = |healthy: i64| {
@@ -979,12 +886,7 @@ async fn machine_health_check_replaces_an_unhealthy_worker_but_not_half_the_pool
 #[tokio::test]
 async fn proxmox_machine_deployment_scales_up_and_down_with_capi() {
     let world = World::start_proxmox().await;
-    let tenant = world.create_cluster().await;
-    world.create_template("demo-workers-a", TALOS).await;
-    world.create_machine_deployment("demo-workers-a", 0).await;
-    world
-        .wait_fleet(&tenant, "no workers".into(), |f| f.machines.is_empty())
-        .await;
+    let (tenant, _) = world.create_cluster_with_workers(0).await;
 
     let three = world.scale(&tenant, 3).await;
     // Each worker was cloned into the tenant's pool, and its Node carries
@@ -1029,12 +931,7 @@ struct VmIdentity {
 async fn vm_identity(world: &World, name: &str) -> VmIdentity {
     let uid = |o: DynamicObject| o.metadata.uid.unwrap_or_default();
     let vm = world
-        .dynamic(&resource(
-            "kubevirt.io",
-            "v1",
-            "VirtualMachine",
-            "virtualmachines",
-        ))
+        .dynamic(&virtual_machines())
         .get(name)
         .await
         .expect("VM");
@@ -1065,12 +962,7 @@ async fn vm_identity(world: &World, name: &str) -> VmIdentity {
 
 async fn vmi_uid(world: &World, name: &str) -> Option<String> {
     world
-        .dynamic(&resource(
-            "kubevirt.io",
-            "v1",
-            "VirtualMachineInstance",
-            "virtualmachineinstances",
-        ))
+        .dynamic(&virtual_machine_instances())
         .get_opt(name)
         .await
         .ok()
@@ -1081,12 +973,7 @@ async fn vmi_uid(world: &World, name: &str) -> Option<String> {
 #[tokio::test]
 async fn health_check_reboots_a_worker_first_and_replaces_it_only_when_reboots_fail() {
     let world = World::start_kubevirt().await;
-    let tenant = world.create_cluster().await;
-    world.create_template("demo-workers-a", TALOS).await;
-    world.create_machine_deployment("demo-workers-a", 3).await;
-    let before = world
-        .wait_fleet(&tenant, "3 workers".into(), |f| f.machines.len() == 3)
-        .await;
+    let (tenant, before) = world.create_cluster_with_workers(3).await;
     world
         .create(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
@@ -1247,12 +1134,7 @@ async fn clusterctl_move_hands_proxmox_workers_to_another_management_cluster() {
     )
     .await;
     let mut world = World::proxmox(source);
-    let tenant = world.create_cluster().await;
-    world.create_template("demo-workers-a", TALOS).await;
-    world.create_machine_deployment("demo-workers-a", 2).await;
-    let before = world
-        .wait_fleet(&tenant, "2 workers".into(), |f| f.machines.len() == 2)
-        .await;
+    let (tenant, before) = world.create_cluster_with_workers(2).await;
     let pve = world.parts.pve();
     let hypervisor = |pve: &PveLab| {
         let snapshot = pve.sim.snapshot();

@@ -9,22 +9,20 @@
 //! sees: object status, conditions, events, and what exists on the
 //! hypervisor.
 
-use std::fmt::Debug;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tenantry_api::generated::capi::ip_address_claim::IpAddressClaim;
 use tenantry_api::generated::capi::machine::Machine;
 use tenantry_api::generated::ipam::in_cluster_ip_pool::InClusterIpPool;
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate};
+use tenantry_e2e::fixtures::{self, NamespacedKind, PROXMOX_API_VERSION as API_VERSION, names};
 use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
 use tenantry_e2e::sim::proxmox::{
     ApiToken, ClusterSnapshot, DropMode, PveSimConfig, RequestMatch, Trigger, VmPower, VmSnapshot,
@@ -35,7 +33,6 @@ use tenantry_provider::proxmox::client::ProxmoxError;
 use tenantry_provider::reconciler::ManagerConfig;
 
 const DEADLINE: Duration = Duration::from_secs(180);
-const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
 const CREDENTIALS: &str = "pve-credentials";
 
 // ---------------------------------------------------------------- the hypervisor
@@ -50,6 +47,17 @@ fn sim_config() -> PveSimConfig {
 /// The guests (not templates) of a snapshot.
 fn guests(snapshot: &ClusterSnapshot) -> Vec<&VmSnapshot> {
     snapshot.vms.iter().filter(|vm| !vm.template).collect()
+}
+
+/// Exactly one guest per machine, none cloned twice.
+fn assert_one_guest_per_machine(snapshot: &ClusterSnapshot, machines: usize) {
+    let vms = guests(snapshot);
+    assert_eq!(
+        vms.len(),
+        machines,
+        "one VM per machine: {:?}",
+        vms.iter().map(|v| (v.vmid, &v.name)).collect::<Vec<_>>()
+    );
 }
 
 // ---------------------------------------------------------------- the management cluster
@@ -107,13 +115,7 @@ impl World {
         self.parts.client()
     }
 
-    fn api<K>(&self, namespace: &str) -> Api<K>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
-    {
+    fn api<K: NamespacedKind>(&self, namespace: &str) -> Api<K> {
         self.parts.api(namespace)
     }
 
@@ -146,93 +148,54 @@ impl World {
         paused: bool,
     ) -> Tenant {
         let namespace = tenant.to_string();
-        Api::<Namespace>::all(self.client())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({ "metadata": { "name": namespace } })).unwrap(),
-            )
-            .await
-            .expect("create namespace");
+        self.parts.create_namespace(&namespace).await;
         self.create(
             &namespace,
-            json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": { "name": CREDENTIALS },
-                "stringData": {
-                    "url": self.pve().sim.url().as_str(),
-                    "token_id": token.id,
-                    "token_secret": token.secret,
-                    "root_ca": self.pve().sim.ca_pem(),
-                }
-            }),
+            fixtures::pve_credentials(CREDENTIALS, self.pve(), &token),
         )
         .await;
         self.create(
             &namespace,
-            json!({
-                "apiVersion": API_VERSION, "kind": "ProxmoxCluster",
-                "metadata": { "name": "demo" },
-                "spec": {
-                    "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
-                    "ipv4Config": { "addresses": [format!("10.10.{subnet}.10-10.10.{subnet}.60")], "prefix": 24, "gateway": format!("10.10.{subnet}.1") },
-                    "dnsServers": ["10.10.0.53"],
-                    "allowedNodes": ["pve1", "pve2"],
-                    "credentialsRef": { "name": CREDENTIALS },
-                }
-            }),
+            fixtures::proxmox_cluster("demo", subnet, CREDENTIALS),
         )
         .await;
-        self.create(
-            &namespace,
-            json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                "metadata": { "name": "demo" },
-                "spec": {
-                    "paused": paused,
-                    "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
-                    "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ProxmoxCluster", "name": "demo" }
-                }
-            }),
-        )
-        .await;
+        let mut cluster = fixtures::cluster("demo", "ProxmoxCluster");
+        cluster["spec"]["paused"] = json!(paused);
+        self.create(&namespace, cluster).await;
         Tenant { namespace, token }
+    }
+
+    /// An unpaused tenant whose ProxmoxCluster is ready.
+    async fn ready_tenant(&self, tenant: &str, subnet: u8) -> Tenant {
+        let tenant = self.tenant(tenant, subnet, &[], false).await;
+        self.wait_cluster(&tenant, "provisioned", |c| {
+            c.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+        tenant
     }
 
     /// A worker: bootstrap data Secret, ProxmoxMachine and Machine, as a
     /// MachineSet makes them.
     async fn create_worker(&self, tenant: &Tenant, name: &str, spec: Value) {
-        let bootstrap = format!("{name}-bootstrap");
-        self.create(
-            &tenant.namespace,
-            json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": { "name": bootstrap },
-                "stringData": { "value": talos_worker_config(&tenant.namespace, name), "format": "cloud-config" }
-            }),
-        )
-        .await;
-        self.create(
-            &tenant.namespace,
-            json!({
-                "apiVersion": API_VERSION, "kind": "ProxmoxMachine",
-                "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
-                "spec": spec,
-            }),
-        )
-        .await;
-        self.create(
-            &tenant.namespace,
-            json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-                "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
-                "spec": {
-                    "clusterName": "demo",
-                    "bootstrap": { "dataSecretName": bootstrap },
-                    "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ProxmoxMachine", "name": name }
-                }
-            }),
-        )
-        .await;
+        let data = talos_worker_config(&tenant.namespace, name);
+        for document in fixtures::worker(
+            API_VERSION,
+            "ProxmoxMachine",
+            "demo",
+            name,
+            spec,
+            json!({ "value": data, "format": "cloud-config" }),
+        ) {
+            self.create(&tenant.namespace, document).await;
+        }
+    }
+
+    async fn delete_machine(&self, tenant: &Tenant, name: &str) {
+        self.api::<Machine>(&tenant.namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete Machine");
     }
 
     async fn wait_machine(
@@ -242,22 +205,15 @@ impl World {
         what: &str,
         predicate: impl Fn(&ProxmoxMachine) -> bool,
     ) -> ProxmoxMachine {
-        let api: Api<ProxmoxMachine> = self.api(&tenant.namespace);
         let last = Mutex::new(None);
-        wait::until(
+        fixtures::wait_for_object(
+            &self.api(&tenant.namespace),
+            name,
             format!("ProxmoxMachine {}/{name}: {what}", tenant.namespace),
             DEADLINE,
-            || {
-                let api = api.clone();
-                let predicate = &predicate;
-                let last = &last;
-                async move {
-                    let found = api.get_opt(name).await?;
-                    *last.lock().unwrap() = found
-                        .as_ref()
-                        .map(|m| serde_json::to_string(&m.status).unwrap_or_default());
-                    Ok(found.filter(|m| predicate(m)))
-                }
+            |m: ProxmoxMachine| {
+                *last.lock().unwrap() = Some(serde_json::to_string(&m.status).unwrap_or_default());
+                predicate(&m).then_some(m)
             },
         )
         .await
@@ -272,15 +228,12 @@ impl World {
         what: &str,
         predicate: impl Fn(&ProxmoxCluster) -> bool,
     ) -> ProxmoxCluster {
-        let api: Api<ProxmoxCluster> = self.api(&tenant.namespace);
-        wait::until(
+        fixtures::wait_for_object(
+            &self.api(&tenant.namespace),
+            "demo",
             format!("ProxmoxCluster {}/demo: {what}", tenant.namespace),
             DEADLINE,
-            || {
-                let api = api.clone();
-                let predicate = &predicate;
-                async move { Ok(api.get_opt("demo").await?.filter(|c| predicate(c))) }
-            },
+            |c: ProxmoxCluster| predicate(&c).then_some(c),
         )
         .await
         .unwrap_or_else(|e| self.fail(e))
@@ -296,6 +249,16 @@ impl World {
             );
         }
         machines
+    }
+
+    /// Waits until the hypervisor holds at least `count` guests.
+    async fn wait_guests(&self, what: &str, count: usize) {
+        let sim = &self.pve().sim;
+        wait::until(what, DEADLINE, || async move {
+            Ok((guests(&sim.snapshot()).len() >= count).then_some(()))
+        })
+        .await
+        .unwrap_or_else(|e| self.fail(e));
     }
 
     async fn warning_events(&self, namespace: &str, object: &str, reason: &str) -> Vec<Event> {
@@ -329,43 +292,34 @@ impl World {
                 let namespace = namespace.clone();
                 let last = &last;
                 async move {
-                    let mut left = Vec::new();
-                    let names = |items: Vec<String>, kind: &str| {
-                        items
-                            .into_iter()
-                            .map(|n| format!("{kind} {n}"))
-                            .collect::<Vec<_>>()
-                    };
-                    left.extend(names(
-                        Api::<Machine>::namespaced(client.clone(), &namespace)
-                            .list(&ListParams::default())
-                            .await?
-                            .items
-                            .iter()
-                            .map(|o| o.name_any())
-                            .collect(),
-                        "Machine",
-                    ));
-                    left.extend(names(
-                        Api::<ProxmoxMachine>::namespaced(client.clone(), &namespace)
-                            .list(&ListParams::default())
-                            .await?
-                            .items
-                            .iter()
-                            .map(|o| o.name_any())
-                            .collect(),
-                        "ProxmoxMachine",
-                    ));
-                    left.extend(names(
-                        Api::<IpAddressClaim>::namespaced(client.clone(), &namespace)
-                            .list(&ListParams::default())
-                            .await?
-                            .items
-                            .iter()
-                            .map(|o| o.name_any())
-                            .collect(),
-                        "IPAddressClaim",
-                    ));
+                    let objects = [
+                        (
+                            "Machine",
+                            names(&Api::<Machine>::namespaced(client.clone(), &namespace)).await?,
+                        ),
+                        (
+                            "ProxmoxMachine",
+                            names(&Api::<ProxmoxMachine>::namespaced(
+                                client.clone(),
+                                &namespace,
+                            ))
+                            .await?,
+                        ),
+                        (
+                            "IPAddressClaim",
+                            names(&Api::<IpAddressClaim>::namespaced(
+                                client.clone(),
+                                &namespace,
+                            ))
+                            .await?,
+                        ),
+                    ];
+                    let mut left: Vec<String> = objects
+                        .into_iter()
+                        .flat_map(|(kind, items)| {
+                            items.into_iter().map(move |n| format!("{kind} {n}"))
+                        })
+                        .collect();
                     let snapshot = sim.snapshot();
                     // In the pool, or not yet: a clone joins its pool last.
                     left.extend(
@@ -408,10 +362,18 @@ impl World {
 /// A Talos worker config; its token is unique to the machine, so a log
 /// line holding bootstrap data would show it.
 fn talos_worker_config(namespace: &str, name: &str) -> String {
-    format!(
-        "version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: {}\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-demo.{namespace}.svc:6443\n",
-        machine_token(namespace, name)
+    fixtures::talos_worker_config(
+        &machine_token(namespace, name),
+        &format!("https://kubernetes-demo.{namespace}.svc:6443"),
     )
+}
+
+/// A worker of one core and 1 GiB, for tests that run many.
+fn small_worker_spec(tenant: &str) -> Value {
+    let mut spec = worker_spec(tenant);
+    spec["numCores"] = json!(1);
+    spec["memoryMiB"] = json!(1024);
+    spec
 }
 
 fn machine_token(namespace: &str, name: &str) -> String {
@@ -419,32 +381,18 @@ fn machine_token(namespace: &str, name: &str) -> String {
 }
 
 fn condition<'a>(machine: &'a ProxmoxMachine, type_: &str) -> Option<&'a Condition> {
-    machine
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
+    fixtures::condition(&machine.status.as_ref()?.conditions, type_)
 }
 
 fn cluster_condition<'a>(cluster: &'a ProxmoxCluster, type_: &str) -> Option<&'a Condition> {
-    cluster
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
+    fixtures::condition(&cluster.status.as_ref()?.conditions, type_)
 }
 
 fn is_provisioned(machine: &ProxmoxMachine) -> bool {
     machine
         .status
         .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
+        .is_some_and(|s| fixtures::provisioned(&s.initialization))
 }
 
 fn has_reason(machine: &ProxmoxMachine, reason: &str) -> bool {
@@ -677,16 +625,13 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
     );
 
     // The template reports what its nodes provide.
-    let template = wait::until("ProxmoxMachineTemplate capacity", DEADLINE, || {
-        let api = world.api::<ProxmoxMachineTemplate>(&tenant.namespace);
-        async move {
-            Ok(api
-                .get("workers")
-                .await?
-                .status
-                .filter(|s| s.capacity.is_some()))
-        }
-    })
+    let template = fixtures::wait_for_object(
+        &world.api::<ProxmoxMachineTemplate>(&tenant.namespace),
+        "workers",
+        "ProxmoxMachineTemplate capacity",
+        DEADLINE,
+        |t| t.status.filter(|s| s.capacity.is_some()),
+    )
     .await
     .unwrap_or_else(|e| world.fail(e));
     let capacity = template.capacity.unwrap();
@@ -713,11 +658,7 @@ async fn machine_is_cloned_into_its_pool_provisioned_and_deleted_without_leftove
 
     // Deleting the Machine deletes the VM (stopped, purged), the claim and
     // then the ProxmoxMachine.
-    world
-        .api::<Machine>(&tenant.namespace)
-        .delete("worker-1", &DeleteParams::default())
-        .await
-        .expect("delete Machine");
+    world.delete_machine(&tenant, "worker-1").await;
     world.wait_nothing_left(&tenant).await;
     world
         .wait_cluster(&tenant, "nodeLocations without worker-1", |c| {
@@ -818,36 +759,29 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
         "{message}"
     );
     // A machine of tenant A putting its disk on B's storage, and one its seed.
-    let mut disk_thief = worker_spec("tenant-a");
-    disk_thief["storage"] = json!("tenant-b-disks");
-    world.create_worker(&a, "disk-thief", disk_thief).await;
-    let refused_disk = world
-        .wait_machine(&a, "disk-thief", "refused", |m| {
-            has_reason(m, "StorageOutsidePool")
-        })
-        .await;
-    assert!(
-        condition(&refused_disk, "Ready")
-            .unwrap()
-            .message
-            .contains("storage tenant-b-disks"),
-        "{:?}",
-        condition(&refused_disk, "Ready")
-    );
-    let mut seed_thief = worker_spec("tenant-a");
-    seed_thief["isoStorage"] = json!("tenant-b-iso");
-    world.create_worker(&a, "seed-thief", seed_thief).await;
-    let refused_seed = world
-        .wait_machine(&a, "seed-thief", "refused", |m| {
-            has_reason(m, "StorageOutsidePool")
-        })
-        .await;
-    assert!(
-        condition(&refused_seed, "Ready")
-            .unwrap()
-            .message
-            .contains("ISO storage tenant-b-iso")
-    );
+    for (name, field, storage, named) in [
+        (
+            "disk-thief",
+            "storage",
+            "tenant-b-disks",
+            "storage tenant-b-disks",
+        ),
+        (
+            "seed-thief",
+            "isoStorage",
+            "tenant-b-iso",
+            "ISO storage tenant-b-iso",
+        ),
+    ] {
+        let mut thief = worker_spec("tenant-a");
+        thief[field] = json!(storage);
+        world.create_worker(&a, name, thief).await;
+        let refused = world
+            .wait_machine(&a, name, "refused", |m| has_reason(m, "StorageOutsidePool"))
+            .await;
+        let ready = condition(&refused, "Ready").unwrap();
+        assert!(ready.message.contains(named), "{ready:?}");
+    }
     for (name, reason) in [
         ("intruder", "VMOutsidePool"),
         ("disk-thief", "StorageOutsidePool"),
@@ -863,16 +797,22 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
     racer["numCores"] = json!(1);
     world.create_worker(&a, "racer", racer).await;
     let machines = world.api::<ProxmoxMachine>(&a.namespace);
-    machines
-        .patch(
-            "racer",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({ "metadata": { "annotations": { "cluster.x-k8s.io/paused": "" } } }),
-            ),
-        )
-        .await
-        .expect("pause racer");
+    let pause_racer = |paused: Value| {
+        let machines = machines.clone();
+        async move {
+            machines
+                .patch(
+                    "racer",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({ "metadata": { "annotations": { "cluster.x-k8s.io/paused": paused } } }),
+                    ),
+                )
+                .await
+                .expect("pause or unpause racer");
+        }
+    };
+    pause_racer(json!("")).await;
     world
         .wait_machine(&a, "racer", "paused", |m| {
             condition(m, "Paused").is_some_and(|c| c.status == "True")
@@ -886,16 +826,7 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
         )
         .await
         .expect("reserve B's VM ID");
-    machines
-        .patch(
-            "racer",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({ "metadata": { "annotations": { "cluster.x-k8s.io/paused": null } } }),
-            ),
-        )
-        .await
-        .expect("unpause racer");
+    pause_racer(Value::Null).await;
     let racer = world
         .wait_provisioned(&a, &["racer".into()])
         .await
@@ -927,21 +858,16 @@ async fn tenants_cannot_touch_each_others_vms_or_storages() {
     );
 
     // Deleting the intruder leaves B's VM as it was.
-    for name in ["intruder", "disk-thief", "seed-thief"] {
-        world
-            .api::<Machine>(&a.namespace)
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete Machine");
+    let refused_machines = ["intruder", "disk-thief", "seed-thief"];
+    for name in refused_machines {
+        world.delete_machine(&a, name).await;
     }
-    for name in ["intruder", "disk-thief", "seed-thief"] {
-        wait::until(
+    for name in refused_machines {
+        fixtures::wait_for_absence(
+            &world.api::<ProxmoxMachine>(&a.namespace),
+            name,
             format!("ProxmoxMachine {name} to be gone"),
             DEADLINE,
-            || {
-                let api = world.api::<ProxmoxMachine>(&a.namespace);
-                async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
-            },
         )
         .await
         .unwrap_or_else(|e| world.fail(e));
@@ -1100,12 +1026,7 @@ async fn missing_privileges_are_named_and_a_broad_token_is_flagged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flaky_api_and_slow_tasks_provision_every_machine_exactly_once() {
     let world = World::start().await;
-    let tenant = world.tenant("flaky", 6, &[], false).await;
-    world
-        .wait_cluster(&tenant, "provisioned", |c| {
-            c.status.as_ref().is_some_and(|s| s.ready)
-        })
-        .await;
+    let tenant = world.ready_tenant("flaky", 6).await;
     let faults = world.pve().sim.faults();
 
     let outage = faults.http_error(
@@ -1150,13 +1071,7 @@ async fn flaky_api_and_slow_tasks_provision_every_machine_exactly_once() {
     assert!(faults.fired(errors) > 0, "errors were injected");
 
     let snapshot = world.pve().sim.snapshot();
-    let vms = guests(&snapshot);
-    assert_eq!(
-        vms.len(),
-        names.len(),
-        "one VM per machine: {:?}",
-        vms.iter().map(|v| (v.vmid, &v.name)).collect::<Vec<_>>()
-    );
+    assert_one_guest_per_machine(&snapshot, names.len());
     for machine in &machines {
         let vm = snapshot.vm(vmid_of(machine)).expect("the machine's VM");
         assert_eq!(vm.name, machine.name_any());
@@ -1186,12 +1101,7 @@ async fn flaky_api_and_slow_tasks_provision_every_machine_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
     let mut world = World::start().await;
-    let tenant = world.tenant("restart", 7, &[], false).await;
-    world
-        .wait_cluster(&tenant, "provisioned", |c| {
-            c.status.as_ref().is_some_and(|s| s.ready)
-        })
-        .await;
+    let tenant = world.ready_tenant("restart", 7).await;
     let faults = world.pve().sim.faults();
     faults.slow_tasks("qmclone", Duration::from_secs(8), Trigger::Always);
     // The first clone is made, but its answer never arrives.
@@ -1246,13 +1156,7 @@ async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
 
     let machines = world.wait_provisioned(&tenant, &names).await;
     let snapshot = world.pve().sim.snapshot();
-    let vms = guests(&snapshot);
-    assert_eq!(
-        vms.len(),
-        names.len(),
-        "one VM per machine: {:?}",
-        vms.iter().map(|v| (v.vmid, &v.name)).collect::<Vec<_>>()
-    );
+    assert_one_guest_per_machine(&snapshot, names.len());
     let clones = snapshot
         .tasks
         .iter()
@@ -1272,12 +1176,7 @@ async fn manager_restart_during_clones_keeps_one_vm_per_machine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
     let world = World::start().await;
-    let tenant = world.tenant("crowd", 8, &[], false).await;
-    world
-        .wait_cluster(&tenant, "provisioned", |c| {
-            c.status.as_ref().is_some_and(|s| s.ready)
-        })
-        .await;
+    let tenant = world.ready_tenant("crowd", 8).await;
     world
         .pve()
         .sim
@@ -1285,18 +1184,12 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
         .slow_tasks("qmstart", Duration::from_millis(500), Trigger::Always);
     let names: Vec<String> = (1..=20).map(|i| format!("worker-{i:02}")).collect();
     for name in &names {
-        let mut spec = worker_spec("crowd");
-        spec["numCores"] = json!(1);
-        spec["memoryMiB"] = json!(1024);
-        world.create_worker(&tenant, name, spec).await;
+        world
+            .create_worker(&tenant, name, small_worker_spec("crowd"))
+            .await;
     }
     // Mid-provisioning: some clones made, not all machines provisioned.
-    wait::until("some of the machines cloned", DEADLINE, || {
-        let sim = &world.pve().sim;
-        async move { Ok((guests(&sim.snapshot()).len() >= 5).then_some(())) }
-    })
-    .await
-    .unwrap_or_else(|e| world.fail(e));
+    world.wait_guests("some of the machines cloned", 5).await;
     let machines = world.api::<Machine>(&tenant.namespace);
     for name in &names {
         machines
@@ -1322,12 +1215,7 @@ async fn deleting_twenty_machines_mid_provisioning_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn machines_arriving_while_every_slot_is_busy_take_turns_in_order() {
     let world = World::start_with_reconcile_bound(2).await;
-    let tenant = world.tenant("queue", 9, &[], false).await;
-    world
-        .wait_cluster(&tenant, "provisioned", |c| {
-            c.status.as_ref().is_some_and(|s| s.ready)
-        })
-        .await;
+    let tenant = world.ready_tenant("queue", 9).await;
     let faults = world.pve().sim.faults();
     faults.latency(
         RequestMatch::everything(),
@@ -1335,23 +1223,13 @@ async fn machines_arriving_while_every_slot_is_busy_take_turns_in_order() {
         Trigger::Always,
     );
     faults.slow_tasks("qmclone", Duration::from_secs(10), Trigger::Always);
-    let worker = || {
-        let mut spec = worker_spec("queue");
-        spec["numCores"] = json!(1);
-        spec["memoryMiB"] = json!(1024);
-        spec
-    };
+    let worker = || small_worker_spec("queue");
     let early: Vec<String> = (1..=6).map(|i| format!("early-{i}")).collect();
     for name in &early {
         world.create_worker(&tenant, name, worker()).await;
     }
     // Both slots busy: clones run, and a reconcile waits on its clone.
-    wait::until("two early machines cloning", DEADLINE, || {
-        let sim = &world.pve().sim;
-        async move { Ok((guests(&sim.snapshot()).len() >= 2).then_some(())) }
-    })
-    .await
-    .unwrap_or_else(|e| world.fail(e));
+    world.wait_guests("two early machines cloning", 2).await;
     let late: Vec<String> = (1..=6).map(|i| format!("late-{i}")).collect();
     for name in &late {
         world.create_worker(&tenant, name, worker()).await;

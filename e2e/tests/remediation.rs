@@ -12,11 +12,10 @@ use std::fmt::Debug;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -29,8 +28,11 @@ use tenantry_api::proxmox::ProxmoxMachine;
 use tenantry_api::remediation::{
     KubevirtRemediation, ProxmoxRemediation, RemediationPhase, RemediationStatus,
 };
+use tenantry_e2e::fixtures::{
+    self, KUBEVIRT_API_VERSION, NamespacedKind, PROXMOX_API_VERSION as PVE_API_VERSION,
+};
 use tenantry_e2e::pve_lab::{TEMPLATE, TEMPLATE_NODE, lab_config};
-use tenantry_e2e::sim::kubevirt::{DEFAULT_SCHEMATIC, ImageFactoryConfig, KubevirtSimConfig};
+use tenantry_e2e::sim::kubevirt::{ImageFactoryConfig, KubevirtSimConfig};
 use tenantry_e2e::{Kubevirt, World, wait};
 
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -113,11 +115,7 @@ async fn hold(client: &kube::Client, namespace: &str, machine: &str) {
 }
 
 fn remediated(status: &RemediationStatus) -> Option<&Condition> {
-    status
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Remediated")
+    fixtures::condition(&status.conditions, "Remediated")
 }
 
 /// Waits for a remediation status satisfying `predicate`, showing the last
@@ -157,16 +155,13 @@ async fn events_of(client: &kube::Client, namespace: &str, object: &str) -> Vec<
 }
 
 async fn wait_machine_deleting(client: &kube::Client, namespace: &str, name: &str) -> Machine {
-    let machines: Api<Machine> = Api::namespaced(client.clone(), namespace);
-    wait::until(format!("Machine {name} to be deleted"), DEADLINE, || {
-        let machines = machines.clone();
-        async move {
-            Ok(machines
-                .get_opt(name)
-                .await?
-                .filter(|m| m.metadata.deletion_timestamp.is_some()))
-        }
-    })
+    fixtures::wait_for_object(
+        &Api::<Machine>::namespaced(client.clone(), namespace),
+        name,
+        format!("Machine {name} to be deleted"),
+        DEADLINE,
+        |m| m.metadata.deletion_timestamp.is_some().then_some(m),
+    )
     .await
     .unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -212,13 +207,7 @@ impl KubevirtWorld {
         self.inner.client()
     }
 
-    fn api<K>(&self) -> Api<K>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
-    {
+    fn api<K: NamespacedKind>(&self) -> Api<K> {
         self.inner.api(NAMESPACE)
     }
 
@@ -233,86 +222,36 @@ impl KubevirtWorld {
     /// A Cluster and a worker Machine whose KubevirtMachine is provisioned
     /// (its VMI Ready on a Talos disk imported by CDI).
     async fn provisioned_worker(&self, cluster: &str, name: &str) -> Machine {
-        let client = self.client();
-        create(
-            &client,
-            NAMESPACE,
-            json!({
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KubevirtCluster",
-                "metadata": { "name": cluster }, "spec": {},
-            }),
-        )
-        .await;
-        create(&client, NAMESPACE, json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": { "name": cluster },
-            "spec": {
-                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
-                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "KubevirtCluster", "name": cluster }
-            }
-        }))
-        .await;
-        let bootstrap = format!("{name}-bootstrap");
-        create(&client, NAMESPACE, json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": bootstrap },
-            "stringData": { "value": format!("version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: test-token\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-{cluster}.{NAMESPACE}.svc:6443\n") }
-        }))
-        .await;
-        create(&client, NAMESPACE, json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KubevirtMachine",
-            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": cluster } },
-            "spec": {
-                "virtualMachineBootstrapCheck": { "checkStrategy": "none" },
-                "bootDisk": {
-                    "imageFactoryURL": self.inner.factory().base_url().trim_end_matches('/'),
-                    "schematicID": DEFAULT_SCHEMATIC,
-                    "talosVersion": TALOS_VERSION,
-                    "diskSize": "20Gi",
-                    "storageClass": "replicated"
-                },
-                "virtualMachineTemplate": { "spec": {
-                    "runStrategy": "Always",
-                    "template": { "spec": {
-                        "domain": {
-                            "cpu": { "cores": 2 },
-                            "memory": { "guest": "4Gi" },
-                            "devices": { "interfaces": [{ "name": "default", "bridge": {} }] }
-                        },
-                        "networks": [{ "name": "default", "pod": {} }]
-                    }}
-                }}
-            },
-        }))
-        .await;
-        create(&client, NAMESPACE, json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": cluster } },
-            "spec": {
-                "clusterName": cluster,
-                "bootstrap": { "dataSecretName": bootstrap },
-                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "KubevirtMachine", "name": name }
-            }
-        }))
-        .await;
-        let machines: Api<KubevirtMachine> = self.api();
-        wait::until(
+        let world = &self.inner;
+        world
+            .create(NAMESPACE, fixtures::kubevirt_cluster(cluster, json!({})))
+            .await;
+        world
+            .create(NAMESPACE, fixtures::cluster(cluster, "KubevirtCluster"))
+            .await;
+        let data = fixtures::talos_worker_config(
+            "test-token",
+            &format!("https://kubernetes-{cluster}.{NAMESPACE}.svc:6443"),
+        );
+        for document in fixtures::worker(
+            KUBEVIRT_API_VERSION,
+            "KubevirtMachine",
+            cluster,
+            name,
+            fixtures::talos_machine_spec(world.factory().base_url(), TALOS_VERSION),
+            json!({ "value": data }),
+        ) {
+            world.create(NAMESPACE, document).await;
+        }
+        fixtures::wait_for_object(
+            &self.api::<KubevirtMachine>(),
+            name,
             format!("KubevirtMachine {name} provisioned"),
             DEADLINE,
-            || {
-                let machines = machines.clone();
-                async move {
-                    let machine = machines.get_opt(name).await?;
-                    Ok(machine
-                        .filter(|m| {
-                            m.status
-                                .as_ref()
-                                .and_then(|s| s.initialization.as_ref())
-                                .and_then(|i| i.provisioned)
-                                == Some(true)
-                        })
-                        .map(|_| ()))
-                }
+            |m| {
+                m.status
+                    .is_some_and(|s| fixtures::provisioned(&s.initialization))
+                    .then_some(())
             },
         )
         .await
@@ -341,6 +280,11 @@ impl KubevirtWorld {
         })
         .await
         .unwrap_or_else(|e| self.fail(name, e))
+    }
+
+    /// The UID of the VMI `name` runs now.
+    async fn vmi_uid(&self, name: &str) -> String {
+        self.wait_vmi(name, |_| true).await.uid().unwrap()
     }
 
     async fn template(&self, name: &str, strategy: Value) -> Value {
@@ -408,11 +352,7 @@ fn kubevirt_status(remediation: &KubevirtRemediation) -> Option<RemediationStatu
 async fn kubevirt_restart_replaces_the_instance_and_keeps_the_vm_and_its_disks() {
     let world = KubevirtWorld::start_with_webhooks().await;
     let machine = world.provisioned_worker("demo", "demo-worker-1").await;
-    let before = world
-        .wait_vmi("demo-worker-1", |_| true)
-        .await
-        .uid()
-        .unwrap();
+    let before = world.vmi_uid("demo-worker-1").await;
     let durable = world.durable_uids("demo-worker-1").await;
 
     let template = world.template("reboot", json!({})).await;
@@ -490,16 +430,12 @@ async fn kubevirt_restart_replaces_the_instance_and_keeps_the_vm_and_its_disks()
         .delete("demo-worker-1", &DeleteParams::default())
         .await
         .expect("delete the remediation");
-    wait::until("the remediation to be gone", DEADLINE, || {
-        let remediations = remediations.clone();
-        async move {
-            Ok(remediations
-                .get_opt("demo-worker-1")
-                .await?
-                .is_none()
-                .then_some(()))
-        }
-    })
+    fixtures::wait_for_absence(
+        &remediations,
+        "demo-worker-1",
+        "the remediation to be gone",
+        DEADLINE,
+    )
     .await
     .unwrap();
     let machine = world.api::<Machine>().get("demo-worker-1").await.unwrap();
@@ -521,11 +457,7 @@ async fn kubevirt_machine_is_replaced_after_retries_are_exhausted() {
     let client = world.client();
     let machine = world.provisioned_worker("demo", "demo-worker-2").await;
     hold(&client, NAMESPACE, "demo-worker-2").await;
-    let first = world
-        .wait_vmi("demo-worker-2", |_| true)
-        .await
-        .uid()
-        .unwrap();
+    let first = world.vmi_uid("demo-worker-2").await;
     let template = world
         .template("reboot-twice", json!({ "retryLimit": 2, "timeout": "3s" }))
         .await;
@@ -587,6 +519,38 @@ async fn kubevirt_machine_is_replaced_after_retries_are_exhausted() {
     );
 }
 
+/// Kills the manager and leaves what it would have left had it crashed
+/// right after recording a restart of `instance`: the remediation of
+/// `machine` as the MHC made it, the attempt recorded, no delete made. Then
+/// starts a fresh manager and returns the status once it waits again.
+async fn restart_after_recorded_crash(
+    world: &mut KubevirtWorld,
+    template: &Value,
+    machine: &Machine,
+    instance: &str,
+    what: &str,
+) -> RemediationStatus {
+    let name = machine.name_any();
+    let remediations: Api<KubevirtRemediation> = world.api();
+    world.inner.tenantry_mut().kill();
+    create_remediation_as_mhc(&world.client(), template, machine).await;
+    let recorded = json!({ "status": {
+        "phase": "Rebooting",
+        "retryCount": 1,
+        "lastRemediated": k8s_openapi::jiff::Timestamp::now().to_string(),
+        "virtualMachineInstanceUID": instance,
+    }});
+    remediations
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(recorded))
+        .await
+        .expect("record the attempt");
+    world.inner.tenantry_mut().restart();
+    wait_status(&remediations, &name, what, kubevirt_status, |s| {
+        s.phase == Some(RemediationPhase::Waiting)
+    })
+    .await
+}
+
 /// What a manager that crashed mid-restart leaves behind: the attempt
 /// recorded (phase Rebooting, retryCount 1, the instance to delete), the
 /// delete maybe not made. A restarted manager finishes that attempt (the
@@ -595,42 +559,18 @@ async fn kubevirt_machine_is_replaced_after_retries_are_exhausted() {
 #[tokio::test]
 async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() {
     let mut world = KubevirtWorld::start().await;
-    let client = world.client();
     let machine = world.provisioned_worker("demo", "demo-worker-3").await;
-    let first = world
-        .wait_vmi("demo-worker-3", |_| true)
-        .await
-        .uid()
-        .unwrap();
+    let first = world.vmi_uid("demo-worker-3").await;
     let template = world.template("reboot", json!({ "retryLimit": 3 })).await;
     let remediations: Api<KubevirtRemediation> = world.api();
 
     // The crash: an attempt recorded for the running instance, no delete.
-    let crashed_after_recording = |instance: &str| {
-        json!({ "status": {
-            "phase": "Rebooting",
-            "retryCount": 1,
-            "lastRemediated": k8s_openapi::jiff::Timestamp::now().to_string(),
-            "virtualMachineInstanceUID": instance,
-        }})
-    };
-    world.inner.tenantry_mut().kill();
-    create_remediation_as_mhc(&client, &template, &machine).await;
-    remediations
-        .patch_status(
-            "demo-worker-3",
-            &PatchParams::default(),
-            &Patch::Merge(crashed_after_recording(&first)),
-        )
-        .await
-        .expect("record the attempt");
-    world.inner.tenantry_mut().restart();
-    let status = wait_status(
-        &remediations,
-        "demo-worker-3",
+    let status = restart_after_recorded_crash(
+        &mut world,
+        &template,
+        &machine,
+        &first,
         "the recorded restart finished",
-        kubevirt_status,
-        |s| s.phase == Some(RemediationPhase::Waiting),
     )
     .await;
     assert_eq!(
@@ -652,35 +592,20 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
         .delete("demo-worker-3", &DeleteParams::default())
         .await
         .expect("delete the remediation");
-    wait::until("the remediation to be gone", DEADLINE, || {
-        let remediations = remediations.clone();
-        async move {
-            Ok(remediations
-                .get_opt("demo-worker-3")
-                .await?
-                .is_none()
-                .then_some(()))
-        }
-    })
-    .await
-    .unwrap();
-    world.inner.tenantry_mut().kill();
-    create_remediation_as_mhc(&client, &template, &machine).await;
-    remediations
-        .patch_status(
-            "demo-worker-3",
-            &PatchParams::default(),
-            &Patch::Merge(crashed_after_recording(&first)),
-        )
-        .await
-        .expect("record the attempt");
-    world.inner.tenantry_mut().restart();
-    let status = wait_status(
+    fixtures::wait_for_absence(
         &remediations,
         "demo-worker-3",
+        "the remediation to be gone",
+        DEADLINE,
+    )
+    .await
+    .unwrap();
+    let status = restart_after_recorded_crash(
+        &mut world,
+        &template,
+        &machine,
+        &first,
         "the recorded restart seen through",
-        kubevirt_status,
-        |s| s.phase == Some(RemediationPhase::Waiting),
     )
     .await;
     assert_eq!(status.retry_count, Some(1));
@@ -695,7 +620,6 @@ async fn a_restarted_manager_finishes_a_recorded_restart_and_never_repeats_it() 
 
 // ---------------------------------------------------------------- Proxmox VE
 
-const PVE_API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
 const TENANT: &str = "tenant-a";
 
 /// A management cluster with CAPI core, the in-cluster IPAM provider, the
@@ -730,95 +654,56 @@ impl ProxmoxWorld {
     /// namespace, credentials, ProxmoxCluster and Cluster, and one worker
     /// cloned into the tenant's pool and provisioned.
     async fn provisioned_worker(&self, name: &str) -> (Machine, ProxmoxMachine) {
-        let token = self.inner.pve().tenant(TENANT, &[]).await;
+        let world = &self.inner;
+        let token = world.pve().tenant(TENANT, &[]).await;
         let client = self.client();
-        Api::<Namespace>::all(client.clone())
+        world.create_namespace(TENANT).await;
+        world
             .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({ "metadata": { "name": TENANT } })).unwrap(),
+                TENANT,
+                fixtures::pve_credentials("pve-credentials", world.pve(), &token),
             )
-            .await
-            .expect("create namespace");
-        create(
-            &client,
-            TENANT,
-            json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": { "name": "pve-credentials" },
-                "stringData": {
-                    "url": self.inner.pve().sim.url().as_str(),
-                    "token_id": token.id,
-                    "token_secret": token.secret,
-                    "root_ca": self.inner.pve().sim.ca_pem(),
-                }
-            }),
-        )
-        .await;
-        create(&client, TENANT, json!({
-            "apiVersion": PVE_API_VERSION, "kind": "ProxmoxCluster",
-            "metadata": { "name": "demo" },
-            "spec": {
-                "controlPlaneEndpoint": { "host": "10.10.0.5", "port": 6443 },
-                "ipv4Config": { "addresses": ["10.10.1.10-10.10.1.60"], "prefix": 24, "gateway": "10.10.1.1" },
-                "dnsServers": ["10.10.0.53"],
-                "allowedNodes": ["pve1", "pve2"],
-                "credentialsRef": { "name": "pve-credentials" },
-            }
-        }))
-        .await;
-        create(&client, TENANT, json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": { "name": "demo" },
-            "spec": {
-                "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] }, "services": { "cidrBlocks": ["10.95.0.0/16"] } },
-                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "ProxmoxCluster", "name": "demo" }
-            }
-        }))
-        .await;
-        let bootstrap = format!("{name}-bootstrap");
-        create(&client, TENANT, json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": bootstrap },
-            "stringData": { "value": format!("version: v1alpha1\ndebug: false\nmachine:\n  type: worker\n  token: t-{name}\ncluster:\n  controlPlane:\n    endpoint: https://kubernetes-demo.{TENANT}.svc:6443\n") }
-        }))
-        .await;
-        create(&client, TENANT, json!({
-            "apiVersion": PVE_API_VERSION, "kind": "ProxmoxMachine",
-            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
-            "spec": {
-                "sourceNode": TEMPLATE_NODE, "templateID": TEMPLATE,
-                "pool": TENANT, "full": true, "storage": format!("{TENANT}-disks"), "isoStorage": format!("{TENANT}-iso"),
-                "numSockets": 1, "numCores": 2, "memoryMiB": 2048,
-                "network": { "networkDevices": [{ "name": "net0", "bridge": "vmbr0", "model": "virtio" }] },
-            },
-        }))
-        .await;
-        create(&client, TENANT, json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": { "name": name, "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
-            "spec": {
-                "clusterName": "demo",
-                "bootstrap": { "dataSecretName": bootstrap },
-                "infrastructureRef": { "apiGroup": INFRA_GROUP, "kind": "ProxmoxMachine", "name": name }
-            }
-        }))
-        .await;
-        let machines: Api<ProxmoxMachine> = Api::namespaced(client.clone(), TENANT);
-        let proxmox_machine = wait::until(
+            .await;
+        world
+            .create(
+                TENANT,
+                fixtures::proxmox_cluster("demo", 1, "pve-credentials"),
+            )
+            .await;
+        world
+            .create(TENANT, fixtures::cluster("demo", "ProxmoxCluster"))
+            .await;
+        let data = fixtures::talos_worker_config(
+            &format!("t-{name}"),
+            &format!("https://kubernetes-demo.{TENANT}.svc:6443"),
+        );
+        let spec = json!({
+            "sourceNode": TEMPLATE_NODE, "templateID": TEMPLATE,
+            "pool": TENANT, "full": true, "storage": format!("{TENANT}-disks"), "isoStorage": format!("{TENANT}-iso"),
+            "numSockets": 1, "numCores": 2, "memoryMiB": 2048,
+            "network": { "networkDevices": [{ "name": "net0", "bridge": "vmbr0", "model": "virtio" }] },
+        });
+        for document in fixtures::worker(
+            PVE_API_VERSION,
+            "ProxmoxMachine",
+            "demo",
+            name,
+            spec,
+            json!({ "value": data }),
+        ) {
+            world.create(TENANT, document).await;
+        }
+        let proxmox_machine = fixtures::wait_for_object(
+            &Api::<ProxmoxMachine>::namespaced(client.clone(), TENANT),
+            name,
             format!("ProxmoxMachine {name} provisioned"),
             DEADLINE,
-            || {
-                let machines = machines.clone();
-                async move {
-                    Ok(machines.get_opt(name).await?.filter(|m| {
-                        m.status
-                            .as_ref()
-                            .and_then(|s| s.initialization.as_ref())
-                            .and_then(|i| i.provisioned)
-                            == Some(true)
-                            && m.spec.virtual_machine_id.is_some()
-                    }))
-                }
+            |m| {
+                let provisioned = m
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| fixtures::provisioned(&s.initialization));
+                (provisioned && m.spec.virtual_machine_id.is_some()).then_some(m)
             },
         )
         .await
