@@ -114,7 +114,9 @@ impl Scale {
                 revoke_window: Duration::from_secs(10),
                 handover_machines: 20,
                 handovers: 2,
-                converge_deadline: Duration::from_secs(180),
+                // An upper bound, not a figure: on a loaded machine the
+                // restarts alone take minutes.
+                converge_deadline: Duration::from_secs(300),
             },
             Scale::Full => Sizes {
                 storm_machines: 100,
