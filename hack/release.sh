@@ -8,6 +8,9 @@
 #   cluster-template.yaml            } clusterctl generate cluster [--flavor kubevirt|proxmox]
 #   cluster-template-kubevirt.yaml   }   (the default template is the KubeVirt one)
 #   cluster-template-proxmox.yaml    }
+#   monitoring/                      ServiceMonitor, PrometheusRule, Grafana dashboard and
+#                                    kube-state-metrics configuration (config/monitoring/,
+#                                    docs/observability.md); optional, applied by hand
 #   tenantry-<version>.oci.tar       the multi-arch image (hack/image.sh), an OCI archive
 #   image-digest                     its index digest
 #
@@ -54,6 +57,8 @@ image="$image_repository:$version@$digest"
 cargo run --quiet --locked --manifest-path "$root/Cargo.toml" -p tenantry-provider --bin tenantry -- \
 	components --out "$out" --image "$image"
 cp "$root"/config/templates/cluster-template*.yaml "$out/"
+mkdir -p "$out/monitoring"
+cp "$root"/config/monitoring/* "$out/monitoring/"
 cp "$image_out/tenantry-$version.oci.tar" "$out/"
 echo "$digest" >"$out/image-digest"
 

@@ -154,6 +154,11 @@ impl ServiceAccountKeys {
 /// An HTTPS client that trusts only the CAs in `ca_pem`, as a client given
 /// a hypervisor's or webhook's CA bundle would.
 pub fn http_trusting(ca_pem: &str) -> reqwest::Client {
+    http_trusting_builder(ca_pem).build().expect("HTTP client")
+}
+
+/// [`http_trusting`], still to be configured.
+pub fn http_trusting_builder(ca_pem: &str) -> reqwest::ClientBuilder {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -167,8 +172,5 @@ pub fn http_trusting(ca_pem: &str) -> reqwest::Client {
     .expect("TLS versions")
     .with_root_certificates(roots)
     .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .expect("HTTP client")
+    reqwest::Client::builder().tls_backend_preconfigured(tls)
 }

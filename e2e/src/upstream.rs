@@ -34,10 +34,14 @@ pub enum Binary {
     Cabpt,
     /// Talos's machine config loader and validator (`hack/upstream/talos-config`).
     TalosConfig,
+    /// Prometheus's rule, PromQL and scrape parsers (`hack/upstream/prometheus`).
+    Promcheck,
     /// KubeVirt's virt-api: its admission webhooks and subresource API.
     VirtApi,
     /// KubeVirt's virt-controller.
     VirtController,
+    /// kube-state-metrics, serving `config/monitoring/kube-state-metrics.yaml`.
+    KubeStateMetrics,
 }
 
 impl Binary {
@@ -56,8 +60,10 @@ impl Binary {
             Binary::IpamInCluster => "ipam-in-cluster",
             Binary::Cabpt => "cabpt",
             Binary::TalosConfig => "talos-config",
+            Binary::Promcheck => "promcheck",
             Binary::VirtApi => "virt-api",
             Binary::VirtController => "virt-controller",
+            Binary::KubeStateMetrics => "kube-state-metrics",
         }
     }
 }

@@ -14,7 +14,7 @@
 //! that replace no Machine and no VM, and a manager that stops working
 //! when a rule it needs is taken out of its ClusterRole.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -32,6 +32,7 @@ use tenantry_e2e::management::{
     ManagementCluster, NEXT_VERSION, next_build, tenantry_image_reference,
 };
 use tenantry_e2e::pve_lab::{PveLab, lab_config, worker_spec};
+use tenantry_e2e::scrape::{Scrape, Scraper, service_account_token};
 use tenantry_e2e::sim::kubevirt::{
     DEFAULT_SCHEMATIC, ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
@@ -720,22 +721,168 @@ async fn a_rule_taken_out_of_the_managers_cluster_role_stops_it() {
     world.wait_workers(&tenant, 1).await;
 }
 
+/// The metrics a Prometheus scrapes from the deployed manager tell what
+/// happened: three workers provisioned and deleted, every PVE request the
+/// hypervisor answered, reconciles run; with no series per machine, and no
+/// scrape without a token of someone allowed to.
 #[tokio::test]
-async fn clusterctl_installs_a_manager_that_scales_proxmox_workers_as_deployed() {
+async fn clusterctl_installs_a_manager_that_scales_proxmox_workers_and_reports_it_in_metrics() {
     // The IPAM provider serves Cluster API's IPAddressClaims: after init.
     let (world, _clusterctl) = Deployed::start("deployed-proxmox", false)
         .await
         .install_with_clusterctl()
         .await;
     let world = world.with_proxmox().await;
+    let client = world.client();
+    let scraper = Scraper::new(&client)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    let prometheus = service_account_token(&client, "monitoring", "prometheus", true)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    let stranger = service_account_token(&client, "monitoring", "stranger", false)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    assert_eq!(
+        scraper.status(None).await.ok(),
+        Some(401),
+        "scrape without a token"
+    );
+    assert_eq!(scraper.status(Some("not-a-token")).await.ok(), Some(401));
+    assert_eq!(
+        scraper.status(Some(&stranger)).await.ok(),
+        Some(403),
+        "scrape without the reader role"
+    );
+    let before = scraper
+        .scrape(&prometheus)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+
     let tenant = world.create_cluster().await;
     world.create_workers(0).await;
     world.wait_workers(&tenant, 0).await;
     world.scale(3).await;
     let three = world.wait_workers(&tenant, 3).await;
     assert_eq!(three.vms.len(), 3);
+    let machines: Vec<String> = world
+        .dynamic(&resource(
+            "infrastructure.cluster.x-k8s.io",
+            "v1alpha2",
+            "ProxmoxMachine",
+            "proxmoxmachines",
+        ))
+        .list(&ListParams::default())
+        .await
+        .expect("ProxmoxMachines")
+        .items
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect();
+    assert_eq!(machines.len(), 3);
+    let during = scraper
+        .scrape(&prometheus)
+        .await
+        .unwrap_or_else(|e| world.fail(e));
+    let proxmox = [("substrate", "proxmox")];
+    assert_eq!(
+        during.sum(
+            "tenantry_machines",
+            &[("substrate", "proxmox"), ("ready", "true")]
+        ),
+        3.0,
+        "machines by Ready, from the manager's cache"
+    );
     world.scale(0).await;
     world.wait_workers(&tenant, 0).await;
+
+    let after = pve_counts_settled(&world, &scraper, &prometheus).await;
+    let histogram = |name: &str| after.sum(&format!("{name}_count"), &proxmox);
+    assert_eq!(
+        histogram("tenantry_machine_provisioning_duration_seconds"),
+        3.0
+    );
+    assert_eq!(histogram("tenantry_machine_deletion_duration_seconds"), 3.0);
+    let reconciles = |scrape: &Scrape| {
+        scrape.sum(
+            "controller_runtime_reconcile_total",
+            &[("controller", "proxmoxmachine")],
+        )
+    };
+    assert!(
+        reconciles(&after) > reconciles(&before),
+        "ProxmoxMachine reconciles counted: {} then {}",
+        reconciles(&before),
+        reconciles(&after)
+    );
+    assert_eq!(
+        after.sum(
+            "controller_runtime_active_workers",
+            &[("controller", "proxmoxmachine")]
+        ),
+        0.0
+    );
+    assert_eq!(after.sum("leader_election_master_status", &[]), 1.0);
+    // No series names a machine, a VM or an address: label values come
+    // from fixed sets.
+    for (label, values) in after.label_values() {
+        for value in values {
+            for named in machines.iter().chain(&three.vms) {
+                assert!(
+                    !value.contains(named.as_str()),
+                    "label {label}={value:?} names {named}"
+                );
+            }
+            assert!(
+                !value.contains("10.10.1."),
+                "label {label}={value:?} holds an address"
+            );
+        }
+    }
+}
+
+/// A scrape whose PVE request counts equal what the PVE simulator counted
+/// for the tenant's token, per endpoint template and method; taken when
+/// two scrapes around the simulator's count agree (a resync may be on its
+/// way between them).
+async fn pve_counts_settled(world: &Deployed, scraper: &Scraper, token: &str) -> Scrape {
+    let Substrate::Proxmox { pve, .. } = &world.substrate else {
+        panic!("no PVE");
+    };
+    let caller = format!("{PVE_TENANT}@pve!capi");
+    let by_endpoint = |scrape: &Scrape| -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for sample in scrape.matching("tenantry_proxmox_api_requests_total", &[]) {
+            let key = format!("{} {}", sample.labels["method"], sample.labels["endpoint"]);
+            *counts.entry(key).or_default() += sample.value as u64;
+        }
+        counts
+    };
+    let last = std::sync::Mutex::new(String::new());
+    let settled = wait::until(
+        "tenantry's PVE request counts to match the hypervisor's",
+        DEADLINE,
+        || async {
+            let first = scraper.scrape(token).await?;
+            let counted = pve.sim.call_counts();
+            let second = scraper.scrape(token).await?;
+            let hypervisor: BTreeMap<String, u64> = counted
+                .by_caller_endpoint
+                .iter()
+                .filter(|((who, _), _)| *who == caller)
+                .map(|((_, endpoint), calls)| (endpoint.clone(), *calls))
+                .collect();
+            let (first_counts, second_counts) = (by_endpoint(&first), by_endpoint(&second));
+            *last.lock().unwrap() =
+                format!("tenantry {second_counts:#?}\nPVE simulator {hypervisor:#?}");
+            Ok((first_counts == hypervisor
+                && second_counts == hypervisor
+                && !hypervisor.is_empty())
+            .then_some(second))
+        },
+    )
+    .await;
+    settled.unwrap_or_else(|e| world.fail(e.context(last.into_inner().unwrap())))
 }
 
 /// Cluster API core and tenantry installed as Cozystack installs them:

@@ -2,7 +2,8 @@
 # Builds the upstream Go programs tenantry's tests run for real (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, the Cluster API core manager,
 # clusterctl, the in-cluster IPAM provider, kustomize, CABPT, Talos's config
-# validator, actionlint) from the pinned
+# validator, promcheck over Prometheus's parsers, actionlint,
+# kube-state-metrics) from the pinned
 # wrapper modules next to this script, into a cache outside the work tree.
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
@@ -298,6 +299,15 @@ main() {
 		build talos-config talos-config tenantry.dev/hack/upstream/talos-config "$talos_version"
 	fi
 
+	# --- promcheck: Prometheus's rule, PromQL and scrape parsers ---------------
+	# The wrapper's own small main over github.com/prometheus/prometheus: it
+	# checks config/monitoring's rules and dashboard queries, and reads
+	# tenantry's /metrics with the parser a Prometheus scrape uses.
+	prometheus_version="$(version_of prometheus github.com/prometheus/prometheus)"
+	if sel prometheus || sel promcheck; then
+		build promcheck prometheus tenantry.dev/hack/upstream/prometheus "$prometheus_version"
+	fi
+
 	# --- KubeVirt: virt-api and virt-controller --------------------------------
 	# The e2e harness plays virt-operator (e2e/src/kubevirt_upstream.rs): it
 	# installs what kubevirt-manifests prints from KubeVirt's own generators
@@ -369,6 +379,18 @@ main() {
 	if sel actionlint; then
 		build actionlint actionlint github.com/rhysd/actionlint/cmd/actionlint "$actionlint_version" \
 			"-X github.com/rhysd/actionlint.version=$actionlint_version"
+	fi
+
+	# --- kube-state-metrics: serves config/monitoring/kube-state-metrics.yaml ---
+	# Stamped as upstream's Makefile does (prometheus/common's version
+	# package, and the client-go version it reports in its build info).
+	ksm_version="$(version_of kube-state-metrics k8s.io/kube-state-metrics/v2)"
+	if sel kube-state-metrics; then
+		ksm_client_go="$(version_of kube-state-metrics k8s.io/client-go)"
+		ksm_ldflags="-X github.com/prometheus/common/version.Version=$ksm_version"
+		ksm_ldflags+=" -X github.com/prometheus/common/version.BuildDate=$build_date"
+		ksm_ldflags+=" -X k8s.io/kube-state-metrics/v2/pkg/app.ClientGoVersion=$ksm_client_go"
+		build kube-state-metrics kube-state-metrics k8s.io/kube-state-metrics/v2 "$ksm_version" "$ksm_ldflags"
 	fi
 
 	# --- Peer providers, for hack/bench.sh only: built when named ------------

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::leader::LeaderElectionConfig;
+use crate::metrics::MetricsConfig;
 use crate::reconciler::ManagerConfig;
 use crate::telemetry::{self, LogFormat};
 use crate::webhook::WebhookConfig;
@@ -88,6 +89,22 @@ struct RunArgs {
     /// trailing slash is dropped.
     #[arg(long, default_value = tenantry_api::kubevirt::DEFAULT_IMAGE_FACTORY_URL, env = "TENANTRY_TALOS_IMAGE_FACTORY_URL", value_parser = image_factory_url)]
     talos_image_factory_url: String,
+    /// Address of the metrics endpoint (/metrics): `:8443` (every
+    /// interface), `host:port`, or 0 to serve no metrics.
+    #[arg(long, visible_alias = "diagnostics-address", default_value = "0", value_parser = metrics_address)]
+    metrics_bind_address: Option<SocketAddr>,
+    /// Serve metrics over HTTPS to authenticated and authorised scrapers
+    /// only (TokenReview and SubjectAccessReview of `get` on /metrics);
+    /// false: plain HTTP, open to anyone who reaches the address.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    metrics_secure: bool,
+    /// Cluster API's name for `--metrics-secure=false`.
+    #[arg(long)]
+    insecure_diagnostics: bool,
+    /// Folder with the metrics serving certificate (tls.crt, tls.key);
+    /// a self-signed one when unset.
+    #[arg(long)]
+    metrics_cert_dir: Option<PathBuf>,
     /// Run the controllers only while holding a Lease, so that several
     /// replicas can run (webhooks are served by all).
     #[arg(long)]
@@ -108,6 +125,22 @@ struct RunArgs {
     /// How often the Lease is looked at.
     #[arg(long, default_value = "2s", value_parser = go_duration)]
     leader_elect_retry_period: Duration,
+}
+
+/// `0` (no metrics), `:port` (every interface) or `host:port`, as
+/// controller-runtime reads `--metrics-bind-address`.
+fn metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
+    let text = text.trim();
+    if text.is_empty() || text == "0" {
+        return Ok(None);
+    }
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_string(),
+    };
+    full.parse()
+        .map(Some)
+        .map_err(|_| format!("{text:?} is not 0, :port or host:port"))
 }
 
 fn go_duration(text: &str) -> Result<Duration, String> {
@@ -179,6 +212,11 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         max_concurrent_reconciles: Some(args.max_concurrent_reconciles),
         readiness: Default::default(),
         talos_image_factory_url: Some(args.talos_image_factory_url),
+        metrics: args.metrics_bind_address.map(|bind| MetricsConfig {
+            bind,
+            secure: args.metrics_secure && !args.insecure_diagnostics,
+            cert_dir: args.metrics_cert_dir.clone(),
+        }),
     };
     let health = crate::health::serve(args.health_addr, config.readiness.clone());
     let election = args
@@ -265,6 +303,16 @@ mod tests {
             image_factory_url("").as_deref(),
             Ok("https://factory.talos.dev")
         );
+        assert_eq!(metrics_address("0"), Ok(None));
+        assert_eq!(
+            metrics_address(":8443"),
+            Ok(Some("0.0.0.0:8443".parse().unwrap()))
+        );
+        assert_eq!(
+            metrics_address("127.0.0.1:8080"),
+            Ok(Some("127.0.0.1:8080".parse().unwrap()))
+        );
+        assert!(metrics_address("8443").is_err());
         for refused in [
             "factory.talos.dev",
             "ftp://mirror",

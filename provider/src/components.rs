@@ -8,16 +8,16 @@
 //! cannot drift from the manager. `config/release/` holds the rendered files
 //! and a test keeps them in step (`tenantry components --out config/release`).
 //!
-//! The RBAC below is what the controllers do, audited from every `Api` they
-//! build: each rule names the code that needs it. Add the rule when a
+//! The RBAC ([`rbac`]) is what the controllers do, audited from every `Api`
+//! they build: each rule names the code that needs it. Add the rule when a
 //! controller starts touching a new kind.
-
-use std::collections::BTreeSet;
 
 use k8s_openapi::api::admissionregistration::v1::{ServiceReference, WebhookClientConfig};
 use serde_json::{Value, json};
 
 use crate::webhook::configuration::{mutating_configuration, validating_configuration};
+
+mod rbac;
 
 /// The provider's name for clusterctl (`--infrastructure tenantry`).
 pub const PROVIDER_NAME: &str = "tenantry";
@@ -37,10 +37,16 @@ pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/tenantry/tenantry:v", env!("CAR
 pub const DEPLOYMENT_NAME: &str = "tenantry-controller-manager";
 pub const CONTAINER_NAME: &str = "manager";
 const SERVICE_ACCOUNT: &str = "tenantry-manager";
-const MANAGER_ROLE: &str = "tenantry-manager-role";
-const CAPI_AGGREGATED_ROLE: &str = "tenantry-aggregated-capi-manager-role";
 const WEBHOOK_SERVICE: &str = "tenantry-webhook-service";
-const WEBHOOK_SECRET: &str = "tenantry-webhook-server-cert";
+/// The Service in front of the metrics endpoint.
+pub const METRICS_SERVICE: &str = "tenantry-metrics-service";
+/// The ClusterRole a scraper's ServiceAccount is bound to.
+pub const METRICS_READER_ROLE: &str = "tenantry-metrics-reader";
+/// The metrics endpoint's port (Cluster API's diagnostics port).
+pub const METRICS_PORT: u16 = 8443;
+/// The serving certificate's Secret (webhooks and metrics); its `ca.crt`
+/// is what a scraper verifies the metrics endpoint with.
+pub const WEBHOOK_SECRET: &str = "tenantry-webhook-server-cert";
 const ISSUER: &str = "tenantry-selfsigned-issuer";
 const CERTIFICATE: &str = "tenantry-serving-cert";
 const WEBHOOK_PORT: u16 = 9443;
@@ -133,10 +139,12 @@ pub fn infrastructure_components_for(image: &str) -> Vec<Value> {
     }
     documents.extend([
         service_account(),
-        manager_role(),
-        manager_role_binding(),
-        capi_aggregated_role(),
+        rbac::manager_role(),
+        rbac::manager_role_binding(),
+        rbac::capi_aggregated_role(),
+        rbac::metrics_reader_role(),
         webhook_service(),
+        metrics_service(),
         issuer(),
         certificate(),
         deployment(image),
@@ -197,185 +205,19 @@ fn service_account() -> Value {
     })
 }
 
-/// Plurals of every kind tenantry serves in the infrastructure group.
-fn own_resources() -> Vec<String> {
-    let plurals: BTreeSet<String> = tenantry_api::crds::all()
-        .into_iter()
-        .filter(|crd| crd.spec.group == INFRASTRUCTURE_GROUP)
-        .map(|crd| crd.spec.names.plural)
-        .collect();
-    plurals.into_iter().collect()
-}
-
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
-    json!({ "apiGroups": groups, "resources": resources, "verbs": verbs })
-}
-
-const READ: &[&str] = &["get", "list", "watch"];
-const WRITE: &[&str] = &[
-    "create", "delete", "get", "list", "patch", "update", "watch",
-];
-
-fn manager_role() -> Value {
-    let own = own_resources();
-    let own: Vec<&str> = own.iter().map(String::as_str).collect();
-    let status: Vec<String> = own.iter().map(|p| format!("{p}/status")).collect();
-    let finalizers: Vec<String> = own.iter().map(|p| format!("{p}/finalizers")).collect();
-    let status: Vec<&str> = status.iter().map(String::as_str).collect();
-    let finalizers: Vec<&str> = finalizers.iter().map(String::as_str).collect();
-    let rules = vec![
-        // Every reconciler: its kinds, their status (server-side apply) and
-        // finalizers (kube::runtime::finalizer).
-        rule(&[INFRASTRUCTURE_GROUP], &own, WRITE),
-        rule(
-            &[INFRASTRUCTURE_GROUP],
-            &status,
-            &["get", "patch", "update"],
-        ),
-        rule(&[INFRASTRUCTURE_GROUP], &finalizers, &["update"]),
-        // capi/owner.rs reads the owner Machine and Cluster; the controllers
-        // watch both. Remediation annotates and deletes the Machine it
-        // remediates.
-        // tenant: the Kubernetes objects, their status and finalizer.
-        // tenant: the Kubernetes objects and their KubernetesNodes pools,
-        // their status and finalizers.
-        rule(
-            &["apps.tenantry.dev"],
-            &["kuberneteses", "kubernetesnodes"],
-            WRITE,
-        ),
-        rule(
-            &["apps.tenantry.dev"],
-            &["kuberneteses/status", "kubernetesnodes/status"],
-            &["get", "patch", "update"],
-        ),
-        rule(
-            &["apps.tenantry.dev"],
-            &["kuberneteses/finalizers", "kubernetesnodes/finalizers"],
-            &["update"],
-        ),
-        // tenant pools: what a KubernetesNodes becomes — its workers'
-        // MachineDeployment, MachineHealthCheck and Talos bootstrap template
-        // (the machine templates are tenantry's own kinds, above); the
-        // MachineSets still using an old machine template are read.
-        rule(
-            &["cluster.x-k8s.io"],
-            &["machinedeployments", "machinehealthchecks"],
-            WRITE,
-        ),
-        rule(&["cluster.x-k8s.io"], &["machinesets"], READ),
-        rule(
-            &["bootstrap.cluster.x-k8s.io"],
-            &["talosconfigtemplates"],
-            WRITE,
-        ),
-        // tenant: the Proxmox CSI controller and CCM of Proxmox tenants,
-        // run in their management namespace.
-        rule(&["apps"], &["deployments"], WRITE),
-        // tenant: the infrastructure StorageClasses offered to tenants.
-        rule(&["storage.k8s.io"], &["storageclasses"], READ),
-        // tenant: what a Kubernetes object becomes — the CAPI Cluster, its
-        // KamajiControlPlane, the namespace's etcd and its Kamaji DataStore.
-        rule(&["cluster.x-k8s.io"], &["clusters"], WRITE),
-        rule(
-            &["controlplane.cluster.x-k8s.io"],
-            &["kamajicontrolplanes"],
-            WRITE,
-        ),
-        rule(&["etcd-operator.cozystack.io"], &["etcdclusters"], WRITE),
-        // tenant: whether Kamaji's and etcd-operator's kinds are installed
-        // (watched only then).
-        rule(
-            &["apiextensions.k8s.io"],
-            &["customresourcedefinitions"],
-            &["get"],
-        ),
-        rule(&["kamaji.clastix.io"], &["datastores"], WRITE),
-        rule(
-            &["cluster.x-k8s.io"],
-            &["machines"],
-            &["get", "list", "watch", "patch", "delete"],
-        ),
-        // proxmox/cluster reads the MachineDeployments naming the cluster's
-        // templates (granted with the pools' rule above).
-        // Bootstrap data, Proxmox credentials, infrastructure kubeconfigs (read);
-        // the cluster SSH key pair and VM user data (written, deleted).
-        rule(&[""], &["secrets"], WRITE),
-        // kubevirt/cluster: the control-plane Service `<cluster>-lb`.
-        rule(&[""], &["services"], WRITE),
-        // runtime.rs: kube's event Recorder (events.k8s.io; core for older readers).
-        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
-        // leader.rs: the leader Lease (kube-lease-manager applies it).
-        rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        ),
-        // kubevirt/machine: VMs created and deleted, VMIs read and waited on,
-        // DataVolumes listed and deleted.
-        rule(&["kubevirt.io"], &["virtualmachines"], WRITE),
-        rule(
-            &["kubevirt.io"],
-            &["virtualmachineinstances"],
-            &["get", "list", "watch", "delete"],
-        ),
-        rule(
-            &["cdi.kubevirt.io"],
-            &["datavolumes"],
-            &["get", "list", "watch", "delete"],
-        ),
-        // proxmox: IP pools per cluster, claims per machine, the addresses
-        // the IPAM provider allocates.
-        rule(
-            &["ipam.cluster.x-k8s.io"],
-            &["inclusterippools", "ipaddressclaims"],
-            WRITE,
-        ),
-        rule(&["ipam.cluster.x-k8s.io"], &["ipaddresses"], READ),
-    ];
+/// The metrics endpoint's Service, for a ServiceMonitor to select
+/// (`config/monitoring/service-monitor.yaml`).
+fn metrics_service() -> Value {
+    let mut labels = selector();
+    labels["app.kubernetes.io/component"] = json!("metrics");
     json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": { "name": MANAGER_ROLE, "labels": labels() },
-        "rules": rules,
-    })
-}
-
-fn manager_role_binding() -> Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": { "name": "tenantry-manager-rolebinding", "labels": labels() },
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": MANAGER_ROLE,
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": METRICS_SERVICE, "namespace": NAMESPACE, "labels": labels },
+        "spec": {
+            "ports": [{ "name": "https", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP" }],
+            "selector": selector(),
         },
-        "subjects": [{ "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }],
-    })
-}
-
-/// Aggregated into CAPI core's manager role (`capi-aggregated-manager-role`
-/// selects `cluster.x-k8s.io/aggregate-to-manager: "true"`): CAPI reads our
-/// infrastructure objects, clones templates, sets owner references and
-/// deletes infrastructure machines.
-fn capi_aggregated_role() -> Value {
-    let own = own_resources();
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {
-            "name": CAPI_AGGREGATED_ROLE,
-            "labels": {
-                "cluster.x-k8s.io/provider": PROVIDER_LABEL,
-                "cluster.x-k8s.io/aggregate-to-manager": "true",
-            },
-        },
-        "rules": [rule(
-            &[INFRASTRUCTURE_GROUP],
-            &own.iter().map(String::as_str).collect::<Vec<_>>(),
-            WRITE,
-        )],
     })
 }
 
@@ -407,9 +249,10 @@ fn issuer() -> Value {
     })
 }
 
-/// The webhook serving certificate. clusterctl rewrites the namespace in
-/// `dnsNames` when installing into another namespace, so the names follow
-/// its `<service>.<namespace>.svc` pattern.
+/// The serving certificate of the webhooks and the metrics endpoint.
+/// clusterctl rewrites the namespace in `dnsNames` when installing into
+/// another namespace, so the names follow its `<service>.<namespace>.svc`
+/// pattern.
 fn certificate() -> Value {
     json!({
         "apiVersion": "cert-manager.io/v1",
@@ -419,6 +262,8 @@ fn certificate() -> Value {
             "dnsNames": [
                 format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc"),
                 format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc.cluster.local"),
+                format!("{METRICS_SERVICE}.{NAMESPACE}.svc"),
+                format!("{METRICS_SERVICE}.{NAMESPACE}.svc.cluster.local"),
             ],
             "issuerRef": { "kind": "Issuer", "name": ISSUER },
             "secretName": WEBHOOK_SECRET,
@@ -441,6 +286,11 @@ fn deployment(image: &str) -> Value {
         format!("--webhook-bind=0.0.0.0:{WEBHOOK_PORT}"),
         format!("--webhook-cert-dir={CERT_DIR}"),
         format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
+        // Cluster API's diagnostics convention: HTTPS, scrapers checked
+        // with TokenReview and SubjectAccessReview, the serving
+        // certificate shared with the webhooks.
+        format!("--metrics-bind-address=:{METRICS_PORT}"),
+        format!("--metrics-cert-dir={CERT_DIR}"),
         "--leader-elect".to_string(),
     ];
     json!({
@@ -479,6 +329,7 @@ fn deployment(image: &str) -> Value {
                         "ports": [
                             { "name": "webhook-server", "containerPort": WEBHOOK_PORT, "protocol": "TCP" },
                             { "name": "healthz", "containerPort": HEALTH_PORT, "protocol": "TCP" },
+                            { "name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP" },
                         ],
                         "livenessProbe": {
                             "httpGet": { "path": "/healthz", "port": "healthz" },

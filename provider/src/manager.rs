@@ -1,5 +1,5 @@
-//! The manager: every controller of one tenantry process, and the webhook
-//! server, run together; with leader election, the controllers only while
+//! The manager: every controller of one tenantry process, the webhook
+//! server and the metrics endpoint, run together; with leader election, the controllers only while
 //! this replica leads.
 
 use crate::capi::template_capacity;
@@ -46,12 +46,24 @@ pub async fn run_elected(
         }
         futures::future::pending::<()>().await
     };
+    let metrics = async {
+        if let Some(metrics) = config.metrics.clone()
+            && let Err(error) = crate::metrics::serve(metrics, client.clone()).await
+        {
+            tracing::error!(error = format!("{error:#}"), "metrics are not served");
+        }
+        futures::future::pending::<()>().await
+    };
     let lead = async {
         let Some(election) = election else {
             controllers(&client, &config).await;
             return Ok(());
         };
+        let leading = crate::metrics::global();
+        leading.set_leader(&election.name, false);
+        let lease = election.name.clone();
         let mut leadership = leader::acquire(client.clone(), election).await?;
+        leading.set_leader(&lease, true);
         let lost = tokio::select! {
             _ = controllers(&client, &config) => None,
             lost = leadership.lost() => Some(lost),
@@ -68,6 +80,7 @@ pub async fn run_elected(
     tokio::select! {
         result = lead => result,
         _ = webhook => Ok(()),
+        _ = metrics => Ok(()),
     }
 }
 

@@ -1,3 +1,6 @@
+use std::collections::BTreeSet;
+
+use super::rbac::{manager_role, own_resources};
 use super::*;
 
 fn kinds(documents: &[Value]) -> Vec<&str> {

@@ -37,6 +37,8 @@ pub struct ManagerConfig {
     /// platform with its own factory or mirror sets it once here instead of
     /// in every object.
     pub talos_image_factory_url: Option<String>,
+    /// Serve metrics, when set (every replica serves its own).
+    pub metrics: Option<crate::metrics::MetricsConfig>,
 }
 
 /// Reconciles one controller runs at once unless configured. Unbounded, the
@@ -60,22 +62,19 @@ impl ManagerConfig {
             .map(|value| format!("cluster.x-k8s.io/watch-filter={value}"))
     }
 
-    /// The settings every controller of this manager runs with.
+    /// The settings every controller of this manager runs with: kube's
+    /// runner unbounded, since `reconciler::run` bounds reconciles with
+    /// fair [`Turns`] instead (kube's runner, while every slot is busy,
+    /// parks due objects in a hash set and takes them out in hash order, so
+    /// under a steady load some objects starve: docs/performance.md).
     pub fn controller_config(&self) -> kube::runtime::controller::Config {
-        kube::runtime::controller::Config::default().concurrency(self.reconcile_bound())
+        kube::runtime::controller::Config::default()
     }
 
     /// How many objects one controller reconciles at once; 0: no bound.
     pub fn reconcile_bound(&self) -> u16 {
         self.max_concurrent_reconciles
             .unwrap_or(DEFAULT_MAX_CONCURRENT_RECONCILES)
-    }
-
-    /// The settings of a controller that bounds its reconciles with
-    /// [`Turns`] instead: its runner starts every due reconcile at once,
-    /// and each waits for its turn before it does anything.
-    pub fn controller_config_taking_turns(&self) -> kube::runtime::controller::Config {
-        kube::runtime::controller::Config::default()
     }
 
     /// The turns of one controller, as many at once as its bound allows.

@@ -66,6 +66,11 @@ impl Context {
         }
     }
 
+    /// The controller's name: its Events' reporter and its metrics' label.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The per-object backoff the error policy uses.
     pub fn backoff(&self) -> &Backoff {
         &self.backoff

@@ -14,6 +14,7 @@ use tenantry_api::contract::DELETE_FOR_MOVE_ANNOTATION;
 use super::backoff::object_key;
 use super::context::Context;
 use super::error_policy::ReconcileError;
+use crate::metrics::machines::Substrate;
 
 /// How long a finalizer-wrapped error asks to wait: the wait of the apply
 /// or cleanup error inside it, if any.
@@ -75,12 +76,25 @@ where
         }
         reconcile(event).await
     };
+    // Cleanup's success removes the finalizer: the end of a deletion.
+    let deleting = object.meta().deletion_timestamp.clone().filter(|_| {
+        object
+            .meta()
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == finalizer_name))
+    });
     let result = kube::runtime::finalizer(&api, finalizer_name, object, reconcile)
         .instrument(span)
         .await
         .map_err(E::from);
     if result.is_ok() {
         base.backoff().succeeded(&key);
+        if let (Some(requested), Some(substrate)) = (deleting, Substrate::of_kind(&K::kind(&()))) {
+            crate::metrics::global()
+                .machines
+                .deleted(substrate, &requested);
+        }
     }
     result
 }

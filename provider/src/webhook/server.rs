@@ -3,31 +3,24 @@
 //! files change, so rotation needs no restart.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Json;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{MatchedPath, State};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use super::configuration::{MUTATING_ENDPOINTS, VALIDATING_ENDPOINTS};
 use super::kubernetes::{self, Decision, Defaults};
 use super::kubernetes_nodes;
 use super::templates::{IMMUTABLE_TEMPLATE_KINDS, validate_template_update};
+use crate::https::{self, ReloadingCertificate};
+use crate::metrics::webhook::Admission;
 
 /// Where and with which certificate the webhooks are served.
 #[derive(Clone, Debug)]
@@ -48,49 +41,20 @@ pub async fn serve(
     defaults: Defaults,
     readiness: crate::health::Readiness,
 ) -> anyhow::Result<()> {
-    let resolver = Arc::new(ReloadingCertificate::new(&config.cert_dir)?);
-    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .context("TLS protocol versions")?
-    .with_no_client_auth()
-    .with_cert_resolver(resolver);
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let acceptor = https::acceptor(Arc::new(ReloadingCertificate::new(&config.cert_dir)?))?;
     let listener = TcpListener::bind(config.bind)
         .await
         .with_context(|| format!("listen on {}", config.bind))?;
     tracing::info!(address = %config.bind, "serving admission webhooks");
     readiness.webhooks_serving();
-    let app = router(client, defaults);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "webhook accept failed");
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(stream) => stream,
-                Err(error) => {
-                    tracing::debug!(%error, %peer, "webhook TLS handshake failed");
-                    return;
-                }
-            };
-            let service = TowerToHyperService::new(app);
-            if let Err(error) = Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, %peer, "webhook connection ended with an error");
-            }
-        });
-    }
+    https::serve(
+        listener,
+        Some(acceptor),
+        router(client, defaults),
+        "webhook",
+    )
+    .await;
+    Ok(())
 }
 
 /// What every request handler may read.
@@ -110,19 +74,26 @@ pub fn router(client: Option<kube::Client>, defaults: Defaults) -> Router {
     for endpoint in MUTATING_ENDPOINTS {
         router = router.route(endpoint.path, post(mutate));
     }
-    router.with_state(Shared {
-        client,
-        defaults: Arc::new(defaults),
-    })
+    router
+        .route_layer(axum::middleware::from_fn(crate::metrics::webhook::measure))
+        .with_state(Shared {
+            client,
+            defaults: Arc::new(defaults),
+        })
 }
 
 async fn validate(
     State(Shared { client, .. }): State<Shared>,
+    path: MatchedPath,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
+    let webhooks = &crate::metrics::global().webhooks;
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
-        Err(error) => return Json(AdmissionResponse::invalid(error.to_string()).into_review()),
+        Err(error) => {
+            webhooks.decided(path.as_str(), Admission::Error);
+            return Json(AdmissionResponse::invalid(error.to_string()).into_review());
+        }
     };
     let decision = if request.kind.kind == "KubernetesNodes" {
         kubernetes_nodes::validate(&request, client.as_ref()).await
@@ -130,6 +101,12 @@ async fn validate(
         decide(&request)
     };
     let mut response = AdmissionResponse::from(&request);
+    let result = if decision.denied.is_some() {
+        Admission::Denied
+    } else {
+        Admission::Allowed
+    };
+    webhooks.decided(path.as_str(), result);
     if let Some(message) = decision.denied {
         response = response.deny(message);
         response.result.code = 422;
@@ -143,11 +120,16 @@ async fn validate(
 
 async fn mutate(
     State(Shared { defaults, .. }): State<Shared>,
+    path: MatchedPath,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
+    let webhooks = &crate::metrics::global().webhooks;
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
-        Err(error) => return Json(AdmissionResponse::invalid(error.to_string()).into_review()),
+        Err(error) => {
+            webhooks.decided(path.as_str(), Admission::Error);
+            return Json(AdmissionResponse::invalid(error.to_string()).into_review());
+        }
     };
     let response = AdmissionResponse::from(&request);
     let response = match request.kind.kind.as_str() {
@@ -178,6 +160,14 @@ async fn mutate(
         },
         _ => response,
     };
+    let result = if !response.allowed {
+        Admission::Denied
+    } else if response.patch.is_some() {
+        Admission::Patched
+    } else {
+        Admission::Allowed
+    };
+    webhooks.decided(path.as_str(), result);
     Json(response.into_review())
 }
 
@@ -202,61 +192,4 @@ fn decide(request: &AdmissionRequest<DynamicObject>) -> Decision {
         }
         _ => Decision::default(),
     }
-}
-
-/// A certificate re-read from disk when its files change.
-#[derive(Debug)]
-struct ReloadingCertificate {
-    cert_path: PathBuf,
-    key_path: PathBuf,
-    current: Mutex<(SystemTime, Arc<CertifiedKey>)>,
-}
-
-impl ReloadingCertificate {
-    fn new(dir: &Path) -> anyhow::Result<Self> {
-        let cert_path = dir.join("tls.crt");
-        let key_path = dir.join("tls.key");
-        let loaded = load(&cert_path, &key_path)?;
-        Ok(Self {
-            current: Mutex::new((modified(&cert_path, &key_path), Arc::new(loaded))),
-            cert_path,
-            key_path,
-        })
-    }
-}
-
-impl ResolvesServerCert for ReloadingCertificate {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let mut current = self.current.lock().expect("certificate lock");
-        let stamp = modified(&self.cert_path, &self.key_path);
-        if stamp != current.0 {
-            match load(&self.cert_path, &self.key_path) {
-                Ok(loaded) => *current = (stamp, Arc::new(loaded)),
-                // A half-written rotation: keep serving the previous one.
-                Err(error) => tracing::warn!(%error, "could not reload the webhook certificate"),
-            }
-        }
-        Some(current.1.clone())
-    }
-}
-
-fn modified(cert: &Path, key: &Path) -> SystemTime {
-    let time = |p: &Path| {
-        std::fs::metadata(p)
-            .and_then(|m| m.modified())
-            .unwrap_or(SystemTime::UNIX_EPOCH)
-    };
-    time(cert).max(time(key))
-}
-
-fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<CertifiedKey> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-        .with_context(|| format!("read {}", cert_path.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("parse {}", cert_path.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key_path)
-        .with_context(|| format!("read {}", key_path.display()))?;
-    let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
-        .context("unsupported webhook key type")?;
-    Ok(CertifiedKey::new(chain, signing_key))
 }

@@ -86,6 +86,9 @@ pub async fn run(base: Arc<Context>) {
     let controller = reconciler::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     ctx.base.track_cache(store.clone());
+    crate::metrics::global()
+        .stores
+        .kubevirt_machines(store.clone());
     let controller = controller
         // A VM's start is a burst of VMI and VM status changes; one
         // reconcile after the burst sees the same end state as one per

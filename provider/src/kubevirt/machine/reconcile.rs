@@ -26,6 +26,7 @@ use crate::capi::conditions::{self, DesiredCondition};
 use crate::capi::pause;
 use crate::kubevirt::infra::InfraClusterError;
 use crate::kubevirt::render;
+use crate::metrics::machines::Substrate;
 use crate::reconciler;
 
 /// How often deletion checks whether the VM is gone when nothing would
@@ -406,6 +407,10 @@ impl Run<'_> {
         })
         .await?;
         if provisioned && !was_provisioned {
+            crate::metrics::global().machines.provisioned(
+                Substrate::Kubevirt,
+                self.machine.metadata.creation_timestamp.as_ref(),
+            );
             self.ctx
                 .base
                 .event(

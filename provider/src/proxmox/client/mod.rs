@@ -21,7 +21,8 @@
 //! Requests are form-urlencoded (see [`ProxmoxClient`]); responses are the
 //! `{"data": …}` envelope, decoded leniently (`serde_helpers`). Errors are
 //! classified from what PVE says ([`error::classify`]). Each request is logged
-//! at debug level with method, path, status and duration — never headers.
+//! at debug level with method, path, status and duration — never headers —
+//! and counted in `tenantry_proxmox_api_*` (`metrics::proxmox`).
 
 mod access;
 mod agent;
@@ -259,8 +260,12 @@ impl ProxmoxClient {
         let response = match request.send().await {
             Ok(response) => response,
             Err(error) => {
+                let took = started.elapsed();
+                crate::metrics::global()
+                    .proxmox
+                    .request(method.as_str(), path, None, took);
                 tracing::debug!(
-                    %method, path, elapsed_ms = started.elapsed().as_millis() as u64, %error,
+                    %method, path, elapsed_ms = took.as_millis() as u64, %error,
                     "PVE API request failed"
                 );
                 return Err(error::transport_error(error));
@@ -274,6 +279,12 @@ impl ProxmoxClient {
             .get::<hyper::ext::ReasonPhrase>()
             .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
         let body = response.bytes().await;
+        crate::metrics::global().proxmox.request(
+            method.as_str(),
+            path,
+            Some(status.as_u16()),
+            started.elapsed(),
+        );
         tracing::debug!(
             %method, path, status = status.as_u16(),
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -257,6 +257,7 @@ impl ProxmoxClient {
                 });
             }
         };
+        record_task_end(upid, &exit);
         match exit {
             TaskExit::Ok => Ok(TaskOutcome {
                 upid: upid.clone(),
@@ -286,6 +287,24 @@ impl ProxmoxClient {
             }
         }
     }
+}
+
+/// The task's duration by type, from its start (the UPID's, PVE's clock)
+/// to now.
+fn record_task_end(upid: &Upid, exit: &TaskExit) {
+    use crate::metrics::proxmox::TaskResult;
+    let result = if exit.is_success() {
+        TaskResult::Ok
+    } else {
+        TaskResult::Failed
+    };
+    let started = std::time::UNIX_EPOCH + Duration::from_secs(u64::from(upid.starttime()));
+    let took = std::time::SystemTime::now()
+        .duration_since(started)
+        .unwrap_or_default();
+    crate::metrics::global()
+        .proxmox
+        .task(upid.task_type(), result, took);
 }
 
 #[cfg(test)]

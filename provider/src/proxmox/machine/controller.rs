@@ -17,7 +17,7 @@ use super::reconcile::{self, Error};
 use crate::capi::owner;
 use crate::capi::stores::CapiStores;
 use crate::proxmox::credentials::ClientCache;
-use crate::reconciler::{self, Context, Turns};
+use crate::reconciler::{self, Context};
 
 /// What ProxmoxMachine reconciles share.
 pub struct MachineContext {
@@ -28,8 +28,6 @@ pub struct MachineContext {
     pub machines: Store<ProxmoxMachine>,
     /// What reconciles read from memory instead of asking again.
     pub caches: Caches,
-    /// The bound on reconciles at once, served in order (see [`Turns`]).
-    pub turns: Turns,
 }
 
 impl AsRef<Context> for MachineContext {
@@ -49,6 +47,9 @@ pub async fn run(base: Arc<Context>) {
     let controller = reconciler::slim_controller(machines, config.watcher_config());
     let store = controller.store();
     base.track_cache(store.clone());
+    crate::metrics::global()
+        .stores
+        .proxmox_machines(store.clone());
     // Each watch feeds a store (read by reconciles, see cache.rs) and
     // triggers reconciles of the machines it concerns.
     let labelled = reconciler::watch_config()
@@ -68,7 +69,6 @@ pub async fn run(base: Arc<Context>) {
         reconciler::watch_config().any_semantic(),
     );
     let ctx = Arc::new(MachineContext {
-        turns: config.turns(),
         base,
         clients: ClientCache::default(),
         machines: store.clone(),
@@ -80,7 +80,7 @@ pub async fn run(base: Arc<Context>) {
         // A clone, its configuration and the boot are bursts of status and
         // claim changes; one reconcile after a burst sees what one per
         // change would, for a fraction of the requests.
-        .with_config(config.controller_config_taking_turns().debounce(DEBOUNCE))
+        .with_config(config.controller_config().debounce(DEBOUNCE))
         .watches_stream(claim_watch, |claim| {
             let labels = claim.metadata.labels.as_ref()?;
             Some(
@@ -113,27 +113,14 @@ async fn reconcile_machine(
     machine: Arc<ProxmoxMachine>,
     ctx: Arc<MachineContext>,
 ) -> Result<Action, Error> {
-    let _turn = ctx.turns.take().await;
-    // The machine as it is now: it may have changed during the wait.
-    let Some(machine) = ctx.machines.get(&ObjectRef::from_obj(machine.as_ref())) else {
-        return Ok(Action::await_change());
-    };
-    // Boxed: a reconcile waiting for its turn holds only this much.
-    Box::pin(reconcile_in_turn(machine, &ctx)).await
-}
-
-async fn reconcile_in_turn(
-    machine: Arc<ProxmoxMachine>,
-    ctx: &MachineContext,
-) -> Result<Action, Error> {
     reconciler::reconcile_with_finalizer(
         &ctx.base,
         machine,
         PROXMOX_MACHINE_FINALIZER,
         |event| async {
             match event {
-                Finalizer::Apply(machine) => reconcile::apply(machine, ctx).await,
-                Finalizer::Cleanup(machine) => reconcile::cleanup(machine, ctx).await,
+                Finalizer::Apply(machine) => reconcile::apply(machine, &ctx).await,
+                Finalizer::Cleanup(machine) => reconcile::cleanup(machine, &ctx).await,
             }
         },
     )

@@ -28,6 +28,7 @@ pub async fn run(base: Arc<Context>) {
         .with_config(config.controller_config());
     let store = controller.store();
     base.track_cache(store.clone());
+    crate::metrics::global().stores.kubernetes(store.clone());
     let namespaced_store = store.clone();
     // Every Kubernetes object of a namespace: the namespace's etcd serves
     // them all.

@@ -28,6 +28,9 @@ pub async fn run(base: Arc<Context>) {
         .with_config(config.controller_config());
     let store = controller.store();
     base.track_cache(store.clone());
+    crate::metrics::global()
+        .stores
+        .kubernetes_nodes(store.clone());
     // A change of the parent (talos.*, version) changes what its pools
     // render: every pool naming it is reconciled.
     let parents: Api<Kubernetes> = config.api(&client);

@@ -22,6 +22,7 @@ use super::decide::{self, Addresses, RESYNC, VmFacts, Wait};
 use super::reconcile::{Error, Halt, Run, refused};
 use super::status::{Reason, VM_PROVISIONED};
 use crate::capi::conditions::DesiredCondition;
+use crate::metrics::machines::Substrate;
 use crate::proxmox::client::{DiskSize, ProxmoxClient, Upid, VmConfigUpdate};
 use crate::reconciler;
 
@@ -219,6 +220,10 @@ impl Run<'_> {
         let vmid = self.status.virtual_machine_id.unwrap_or_default();
         let node = self.status.proxmox_node.clone().unwrap_or_default();
         tracing::info!(machine = %self.name, namespace = %self.namespace, vmid, node = %node, "ProxmoxMachine provisioned");
+        crate::metrics::global().machines.provisioned(
+            Substrate::Proxmox,
+            self.machine.metadata.creation_timestamp.as_ref(),
+        );
         self.ctx
             .base
             .event(
