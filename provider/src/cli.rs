@@ -92,7 +92,7 @@ struct RunArgs {
     /// Address of the metrics endpoint (/metrics): `:8443` (every
     /// interface), `host:port`, or 0 to serve no metrics.
     #[arg(long, visible_alias = "diagnostics-address", default_value = "0", value_parser = metrics_address)]
-    metrics_bind_address: Option<SocketAddr>,
+    metrics_bind_address: MetricsAddress,
     /// Serve metrics over HTTPS to authenticated and authorised scrapers
     /// only (TokenReview and SubjectAccessReview of `get` on /metrics);
     /// false: plain HTTP, open to anyone who reaches the address.
@@ -127,19 +127,23 @@ struct RunArgs {
     leader_elect_retry_period: Duration,
 }
 
+/// Where metrics are served; `None`: nowhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MetricsAddress(Option<SocketAddr>);
+
 /// `0` (no metrics), `:port` (every interface) or `host:port`, as
 /// controller-runtime reads `--metrics-bind-address`.
-fn metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
+fn metrics_address(text: &str) -> Result<MetricsAddress, String> {
     let text = text.trim();
     if text.is_empty() || text == "0" {
-        return Ok(None);
+        return Ok(MetricsAddress(None));
     }
     let full = match text.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),
         None => text.to_string(),
     };
     full.parse()
-        .map(Some)
+        .map(|address| MetricsAddress(Some(address)))
         .map_err(|_| format!("{text:?} is not 0, :port or host:port"))
 }
 
@@ -212,7 +216,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         max_concurrent_reconciles: Some(args.max_concurrent_reconciles),
         readiness: Default::default(),
         talos_image_factory_url: Some(args.talos_image_factory_url),
-        metrics: args.metrics_bind_address.map(|bind| MetricsConfig {
+        metrics: args.metrics_bind_address.0.map(|bind| MetricsConfig {
             bind,
             secure: args.metrics_secure && !args.insecure_diagnostics,
             cert_dir: args.metrics_cert_dir.clone(),
@@ -293,6 +297,74 @@ fn write_components(out: Option<PathBuf>, image: &str) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// The flags as the release Deployment passes them, read the way
+    /// `run_manager` reads them (clap checks types only on access).
+    #[test]
+    fn the_run_flags_parse_and_read_back() {
+        let parse = |flags: &[&str]| {
+            let args = Args::try_parse_from(["tenantry", "run"].iter().chain(flags))
+                .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            let Command::Run(run) = args.command else {
+                panic!("not run");
+            };
+            run
+        };
+        let defaults = parse(&[]);
+        assert_eq!(defaults.metrics_bind_address, MetricsAddress(None));
+        assert!(defaults.metrics_secure && !defaults.insecure_diagnostics);
+        let deployed = parse(&[
+            "--metrics-bind-address=:8443",
+            "--metrics-cert-dir=/tmp/k8s-webhook-server/serving-certs",
+            "--leader-elect",
+        ]);
+        assert_eq!(
+            deployed.metrics_bind_address,
+            MetricsAddress(Some("0.0.0.0:8443".parse().unwrap()))
+        );
+        let insecure = parse(&[
+            "--diagnostics-address=127.0.0.1:8080",
+            "--insecure-diagnostics",
+        ]);
+        assert_eq!(
+            insecure.metrics_bind_address,
+            MetricsAddress(Some("127.0.0.1:8080".parse().unwrap()))
+        );
+        assert!(insecure.insecure_diagnostics);
+        assert!(!parse(&["--metrics-secure=false"]).metrics_secure);
+        assert!(Args::try_parse_from(["tenantry", "run", "--metrics-bind-address=8443"]).is_err());
+    }
+
+    /// What the release Deployment runs, its `$(VAR)`s expanded as the
+    /// kubelet does with the variables' defaults.
+    #[test]
+    fn the_release_deployments_arguments_parse() {
+        let args: Vec<String> = crate::components::manager_args()
+            .into_iter()
+            .map(|arg| {
+                arg.replace("$(TENANTRY_WATCH_NAMESPACE)", "")
+                    .replace("$(TENANTRY_WATCH_FILTER)", "")
+                    .replace(
+                        "$(TENANTRY_TALOS_IMAGE_FACTORY_URL)",
+                        "https://factory.talos.dev",
+                    )
+            })
+            .collect();
+        let parsed = Args::try_parse_from(std::iter::once("tenantry".to_string()).chain(args))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Run(run) = parsed.command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            run.metrics_bind_address,
+            MetricsAddress(Some(
+                format!("0.0.0.0:{}", crate::components::METRICS_PORT)
+                    .parse()
+                    .unwrap()
+            ))
+        );
+        assert!(run.metrics_secure && run.leader_elect);
+    }
+
     #[test]
     fn the_image_factory_url_flag_takes_base_urls_only() {
         assert_eq!(
@@ -303,16 +375,6 @@ mod tests {
             image_factory_url("").as_deref(),
             Ok("https://factory.talos.dev")
         );
-        assert_eq!(metrics_address("0"), Ok(None));
-        assert_eq!(
-            metrics_address(":8443"),
-            Ok(Some("0.0.0.0:8443".parse().unwrap()))
-        );
-        assert_eq!(
-            metrics_address("127.0.0.1:8080"),
-            Ok(Some("127.0.0.1:8080".parse().unwrap()))
-        );
-        assert!(metrics_address("8443").is_err());
         for refused in [
             "factory.talos.dev",
             "ftp://mirror",

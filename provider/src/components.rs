@@ -271,14 +271,12 @@ fn certificate() -> Value {
     })
 }
 
-/// One replica, with leader election on (`--leader-elect`): a rollout's new
-/// pod waits for the old one's Lease, and scaling up adds standbys, never a
-/// second writer.
-fn deployment(image: &str) -> Value {
+/// The manager container's arguments.
+pub(crate) fn manager_args() -> Vec<String> {
     // The optional flags take their values from the environment (`$(VAR)`
     // is expanded by the kubelet), where an empty default can stand alone
     // as a YAML value; `tenantry run` reads empty as unset.
-    let args = vec![
+    vec![
         "run".to_string(),
         "--namespace=$(TENANTRY_WATCH_NAMESPACE)".to_string(),
         "--watch-filter=$(TENANTRY_WATCH_FILTER)".to_string(),
@@ -292,7 +290,14 @@ fn deployment(image: &str) -> Value {
         format!("--metrics-bind-address=:{METRICS_PORT}"),
         format!("--metrics-cert-dir={CERT_DIR}"),
         "--leader-elect".to_string(),
-    ];
+    ]
+}
+
+/// One replica, with leader election on (`--leader-elect`): a rollout's new
+/// pod waits for the old one's Lease, and scaling up adds standbys, never a
+/// second writer.
+fn deployment(image: &str) -> Value {
+    let args = manager_args();
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
