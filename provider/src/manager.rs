@@ -2,7 +2,7 @@
 //! server and the metrics endpoint, run together; with leader election, the controllers only while
 //! this replica leads.
 
-use crate::capi::template_capacity;
+use crate::capi::{CapiGeneration, template_capacity};
 use crate::leader::{self, LeaderElectionConfig};
 use crate::reconciler::{Context, ManagerConfig};
 use tenantry_api::kubevirt::KubevirtMachineTemplate;
@@ -84,19 +84,37 @@ pub async fn run_elected(
     }
 }
 
-/// Every controller; completes on shutdown.
+/// Every controller; completes on shutdown. The template capacity
+/// controllers start at once (they read and write only tenantry's
+/// templates); the rest once Cluster API is served, in its version.
 async fn controllers(client: &kube::Client, config: &ManagerConfig) {
-    let context = |controller: &str| Context::new(client.clone(), config.clone(), controller);
+    let templates = |controller: &str| {
+        // Never reads Cluster API kinds: the generation is not looked at.
+        Context::new(
+            client.clone(),
+            config.clone(),
+            CapiGeneration::V1beta2,
+            controller,
+        )
+    };
+    let capi_controllers = async {
+        let capi = CapiGeneration::wait_until_served(client).await;
+        let context =
+            |controller: &str| Context::new(client.clone(), config.clone(), capi, controller);
+        tokio::join!(
+            crate::kubevirt::cluster::run(context("kubevirtcluster")),
+            crate::kubevirt::machine::run(context("kubevirtmachine")),
+            crate::proxmox::cluster::run(context("proxmoxcluster")),
+            crate::proxmox::machine::run(context("proxmoxmachine")),
+            crate::remediation::run_kubevirt(context("kubevirtremediation")),
+            crate::remediation::run_proxmox(context("proxmoxremediation")),
+            crate::tenant::run(context("kubernetes")),
+            crate::tenant::kubernetes_nodes::controller::run(context("kubernetesnodes")),
+        );
+    };
     tokio::join!(
-        crate::kubevirt::cluster::run(context("kubevirtcluster")),
-        crate::kubevirt::machine::run(context("kubevirtmachine")),
-        template_capacity::run::<KubevirtMachineTemplate>(context("kubevirtmachinetemplate")),
-        crate::proxmox::cluster::run(context("proxmoxcluster")),
-        crate::proxmox::machine::run(context("proxmoxmachine")),
-        template_capacity::run::<ProxmoxMachineTemplate>(context("proxmoxmachinetemplate")),
-        crate::remediation::run_kubevirt(context("kubevirtremediation")),
-        crate::remediation::run_proxmox(context("proxmoxremediation")),
-        crate::tenant::run(context("kubernetes")),
-        crate::tenant::kubernetes_nodes::controller::run(context("kubernetesnodes")),
+        template_capacity::run::<KubevirtMachineTemplate>(templates("kubevirtmachinetemplate")),
+        template_capacity::run::<ProxmoxMachineTemplate>(templates("proxmoxmachinetemplate")),
+        capi_controllers,
     );
 }

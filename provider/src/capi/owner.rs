@@ -2,11 +2,10 @@
 //! belongs to.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tenantry_api::contract::CLUSTER_NAME_LABEL;
 
-use super::{Cluster, Machine};
+use super::{CapiGeneration, Cluster, Machine, access};
 
 /// The API group of Cluster API core kinds.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
@@ -85,25 +84,23 @@ pub fn owning_cluster_name(meta: &ObjectMeta) -> Option<String> {
 /// Reads the owner Machine, if the object has one and it still exists.
 pub async fn get_owner_machine(
     client: &kube::Client,
+    generation: CapiGeneration,
     meta: &ObjectMeta,
 ) -> kube::Result<Option<Machine>> {
     let (Some(owner), Some(namespace)) = (machine_owner(meta), meta.namespace.as_deref()) else {
         return Ok(None);
     };
-    Api::<Machine>::namespaced(client.clone(), namespace)
-        .get_opt(&owner.name)
-        .await
+    access::get(client, generation, namespace, &owner.name).await
 }
 
 /// Reads the Cluster by name, if it exists.
 pub async fn get_cluster(
     client: &kube::Client,
+    generation: CapiGeneration,
     namespace: &str,
     name: &str,
 ) -> kube::Result<Option<Cluster>> {
-    Api::<Cluster>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
+    access::get(client, generation, namespace, name).await
 }
 
 /// Whether the Cluster's infrastructure is provisioned (v1beta2 field).

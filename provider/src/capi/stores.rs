@@ -10,9 +10,10 @@ use futures::FutureExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::access::{self, CapiWatch};
 use super::owner;
 use super::pause::{PausedBy, paused_by};
-use super::{Cluster, Machine};
+use super::{CapiGeneration, Cluster, Machine};
 
 /// Whether a store has listed once (it answers for "absent" only then).
 pub fn is_ready<K>(store: &Store<K>) -> bool
@@ -41,6 +42,8 @@ where
 pub struct CapiStores {
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
+    /// The version the watches read, and reads on a cache miss use.
+    pub generation: CapiGeneration,
 }
 
 impl CapiStores {
@@ -49,17 +52,18 @@ impl CapiStores {
     pub fn watch(
         client: &kube::Client,
         config: &crate::reconciler::ManagerConfig,
-    ) -> (
-        CapiStores,
-        impl futures::Stream<Item = Result<Machine, kube::runtime::watcher::Error>> + Send + 'static,
-        impl futures::Stream<Item = Result<Cluster, kube::runtime::watcher::Error>> + Send + 'static,
-    ) {
+        generation: CapiGeneration,
+    ) -> (CapiStores, CapiWatch<Machine>, CapiWatch<Cluster>) {
         let (machines, machine_watch) =
-            crate::reconciler::cache_watch(config.api::<Machine>(client), config.watcher_config());
+            access::cache_watch(client, generation, config, config.watcher_config());
         let (clusters, cluster_watch) =
-            crate::reconciler::cache_watch(config.api::<Cluster>(client), config.watcher_config());
+            access::cache_watch(client, generation, config, config.watcher_config());
         (
-            CapiStores { machines, clusters },
+            CapiStores {
+                machines,
+                clusters,
+                generation,
+            },
             machine_watch,
             cluster_watch,
         )
@@ -79,7 +83,7 @@ impl CapiStores {
         if let Some(machine) = lookup(&self.machines, namespace, &owner.name) {
             return Ok(Some(machine));
         }
-        owner::get_owner_machine(client, meta).await
+        owner::get_owner_machine(client, self.generation, meta).await
     }
 
     /// The Cluster `name` in `namespace`, if it exists.
@@ -92,7 +96,7 @@ impl CapiStores {
         if let Some(cluster) = lookup(&self.clusters, namespace, name) {
             return Ok(Some(cluster));
         }
-        owner::get_cluster(client, namespace, name).await
+        owner::get_cluster(client, self.generation, namespace, name).await
     }
 }
 

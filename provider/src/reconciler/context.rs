@@ -10,18 +10,29 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use super::backoff::Backoff;
 use super::config::ManagerConfig;
+use crate::capi::CapiGeneration;
 
 /// Shared by all reconciles of one controller.
 pub struct Context {
     pub client: kube::Client,
     pub config: ManagerConfig,
+    /// The Cluster API generation the management cluster serves.
+    pub capi: CapiGeneration,
+    /// The KamajiControlPlane version, once its CRD was found (the tenant
+    /// controllers write in it; see `tenant::served`).
+    pub kamaji: tokio::sync::OnceCell<crate::tenant::served::KamajiApi>,
     name: String,
     recorder: Recorder,
     backoff: Backoff,
 }
 
 impl Context {
-    pub fn new(client: kube::Client, config: ManagerConfig, controller: &str) -> Arc<Self> {
+    pub fn new(
+        client: kube::Client,
+        config: ManagerConfig,
+        capi: CapiGeneration,
+        controller: &str,
+    ) -> Arc<Self> {
         let reporter = Reporter {
             controller: format!("tenantry-{controller}"),
             instance: config.instance.clone(),
@@ -30,6 +41,8 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             config,
+            capi,
+            kamaji: tokio::sync::OnceCell::new(),
             name: controller.to_string(),
             backoff: Backoff::default(),
         })

@@ -21,7 +21,7 @@ use tenantry_api::kubevirt::{KubevirtCluster, KubevirtMachine};
 use tenantry_api::proxmox::{ProxmoxCluster, ProxmoxMachine};
 
 use super::controller::RemediationContext;
-use crate::capi::{Cluster, Machine};
+use crate::capi::{CapiGeneration, CapiKind, Cluster, Machine};
 use crate::kubevirt::infra::{InfraCluster, InfraClusterError};
 use crate::proxmox::client::{ProxmoxClient, ProxmoxError, Upid};
 use crate::proxmox::credentials::CredentialsError;
@@ -66,9 +66,13 @@ impl ActError {
 }
 
 /// The Cluster a Machine belongs to, if it exists.
-pub async fn cluster_of(client: &kube::Client, machine: &Machine) -> kube::Result<Option<Cluster>> {
+pub async fn cluster_of(
+    client: &kube::Client,
+    generation: CapiGeneration,
+    machine: &Machine,
+) -> kube::Result<Option<Cluster>> {
     let namespace = machine.metadata.namespace.as_deref().unwrap_or_default();
-    crate::capi::owner::get_cluster(client, namespace, &machine.spec.cluster_name).await
+    crate::capi::owner::get_cluster(client, generation, namespace, &machine.spec.cluster_name).await
 }
 
 fn refuse_kind(machine: &Machine, expected: &str, template: &str) -> ActError {
@@ -129,7 +133,7 @@ pub async fn locate_kubevirt(
     // machine; an older machine may not have it yet.
     let secret_ref = match kubevirt_machine.spec.infra_cluster_secret_ref.clone() {
         Some(secret_ref) => Some(secret_ref),
-        None => match cluster_of(client, machine)
+        None => match cluster_of(client, ctx.base.capi, machine)
             .await?
             .and_then(|c| c.spec.infrastructure_ref)
             .filter(|r| r.kind == "KubevirtCluster")
@@ -239,11 +243,12 @@ pub struct ProxmoxTarget {
 /// one labelled with the cluster's name.
 async fn proxmox_cluster(
     client: &kube::Client,
+    generation: CapiGeneration,
     machine: &Machine,
 ) -> kube::Result<Option<ProxmoxCluster>> {
     let namespace = machine.metadata.namespace.clone().unwrap_or_default();
     let api: Api<ProxmoxCluster> = Api::namespaced(client.clone(), &namespace);
-    if let Some(reference) = cluster_of(client, machine)
+    if let Some(reference) = cluster_of(client, generation, machine)
         .await?
         .and_then(|c| c.spec.infrastructure_ref)
         && reference.kind == "ProxmoxCluster"
@@ -294,7 +299,7 @@ pub async fn locate_proxmox(
             "ProxmoxMachine {namespace}/{name} has no VM (spec.virtualMachineID is not set)"
         )));
     };
-    let Some(proxmox_cluster) = proxmox_cluster(client, machine).await? else {
+    let Some(proxmox_cluster) = proxmox_cluster(client, ctx.base.capi, machine).await? else {
         return Err(ActError::Refused(format!(
             "Cluster {} has no ProxmoxCluster",
             machine.spec.cluster_name
@@ -400,6 +405,7 @@ pub async fn restart_task_done(client: &ProxmoxClient, upid: &Upid) -> Result<bo
 /// is left alone). Returns whether this call deleted it.
 pub async fn delete_machine(
     client: &kube::Client,
+    generation: CapiGeneration,
     namespace: &str,
     name: &str,
     uid: &str,
@@ -411,9 +417,15 @@ pub async fn delete_machine(
         }),
         ..Default::default()
     };
-    match Api::<Machine>::namespaced(client.clone(), namespace)
-        .delete(name, &params)
-        .await
+    match crate::capi::access::delete(
+        client,
+        generation,
+        CapiKind::Machine,
+        namespace,
+        name,
+        &params,
+    )
+    .await
     {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),

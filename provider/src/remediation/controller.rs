@@ -116,9 +116,13 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
     let controller = controller
         // A remediation is named after its Machine: the Machine's health
         // and deletion wake it up.
-        .watches(
-            config.api::<Machine>(&client),
-            config.watcher_config(),
+        .watches_stream(
+            crate::capi::access::watch::<Machine>(
+                &client,
+                ctx.base.capi,
+                &config,
+                config.watcher_config(),
+            ),
             |machine| {
                 (machine.spec.infrastructure_ref.kind == K::SUBSTRATE.machine_kind()).then(|| {
                     ObjectRef::new(machine.metadata.name.as_deref().unwrap_or_default())
@@ -127,9 +131,13 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
             },
         )
         // Unpausing a Cluster concerns all of its remediations.
-        .watches(
-            config.api::<Cluster>(&client),
-            config.watcher_config(),
+        .watches_stream(
+            crate::capi::access::watch::<Cluster>(
+                &client,
+                ctx.base.capi,
+                &config,
+                config.watcher_config(),
+            ),
             move |cluster| {
                 let name = cluster.metadata.name.clone().unwrap_or_default();
                 let namespace = cluster.metadata.namespace.clone().unwrap_or_default();

@@ -1,7 +1,6 @@
 //! What a remediation reconcile reads before it decides: its Machine (the
 //! owner CAPI set, or the one of the same name), the Cluster, and pause.
 
-use kube::api::Api;
 
 use super::controller::RemediationObject;
 use super::decide::{HEALTH_CHECK_SUCCEEDED, MachineState};
@@ -24,10 +23,14 @@ impl<K: RemediationObject> Run<'_, K> {
             Some(owner) => (owner.name.clone(), Some(owner.uid.clone())),
             None => (self.name.clone(), None),
         };
-        let machine = Api::<Machine>::namespaced(client.clone(), &self.namespace)
-            .get_opt(&machine_name)
-            .await?
-            .filter(|m| owner_uid.is_none() || m.metadata.uid == owner_uid);
+        let machine = crate::capi::access::get::<Machine>(
+            &client,
+            self.ctx.base.capi,
+            &self.namespace,
+            &machine_name,
+        )
+        .await?
+        .filter(|m| owner_uid.is_none() || m.metadata.uid == owner_uid);
 
         // Pause, as the contract asks: the Cluster, this object, or (as
         // CAPI's MachineHealthCheck checks) the Machine.
@@ -36,7 +39,7 @@ impl<K: RemediationObject> Run<'_, K> {
             .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()));
         let cluster = match &cluster_name {
             Some(cluster_name) => {
-                owner::get_cluster(&client, &self.namespace, cluster_name).await?
+                owner::get_cluster(&client, self.ctx.base.capi, &self.namespace, cluster_name).await?
             }
             None => None,
         };

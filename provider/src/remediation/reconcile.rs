@@ -445,6 +445,7 @@ impl<K: RemediationObject> Run<'_, K> {
         }
         match act::delete_machine(
             &self.ctx.base.client,
+            self.ctx.base.capi,
             &self.namespace,
             &target.name,
             &target.uid,

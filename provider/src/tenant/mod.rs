@@ -14,13 +14,15 @@
 //!   (`admission`, `render`, `reconcile`, `controller`);
 //! - shared: `pki` (the etcd and Talos certificates and tokens tenantry
 //!   issues), `talos` (the machine config a pool's workers join with) and
-//!   `access` (reaching a tenant cluster).
+//!   `access` (reaching a tenant cluster), `served` (the Cluster API and
+//!   Kamaji API versions objects are written in).
 
 pub mod access;
 pub mod kubernetes;
 pub mod kubernetes_nodes;
 pub mod pki;
 pub mod reasons;
+pub mod served;
 pub mod talos;
 
 pub use kubernetes::controller::run;

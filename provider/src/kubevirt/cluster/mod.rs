@@ -86,9 +86,13 @@ pub async fn run(base: Arc<Context>) {
     ctx.base.track_cache(controller.store());
     let controller = controller
         .owns(config.api::<Service>(&client), service_config)
-        .watches(
-            config.api::<Cluster>(&client),
-            config.watcher_config(),
+        .watches_stream(
+            crate::capi::access::watch::<Cluster>(
+                &client,
+                ctx.base.capi,
+                &config,
+                config.watcher_config(),
+            ),
             |cluster| {
                 let reference = cluster.spec.infrastructure_ref.as_ref()?;
                 (reference.kind == "KubevirtCluster").then(|| {

@@ -67,7 +67,7 @@ async fn apply(object: Arc<KubevirtCluster>, ctx: &ClusterContext) -> Result<Act
         .await?;
         return Ok(Action::await_change());
     };
-    let cluster = owner::get_cluster(client, &namespace, &cluster_name).await?;
+    let cluster = owner::get_cluster(client, ctx.base.capi, &namespace, &cluster_name).await?;
     let paused = pause::paused_by(cluster.as_ref(), &object.metadata);
     if paused.is_some() {
         report(&api, &object, vec![pause::paused_condition(paused)], None).await?;

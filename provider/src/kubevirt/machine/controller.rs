@@ -66,7 +66,7 @@ pub async fn run(base: Arc<Context>) {
     );
     let (data_volumes, dv_watch) =
         reconciler::cache_watch(config.api::<DataVolume>(&client), labelled);
-    let (capi, machine_watch, cluster_watch) = CapiStores::watch(&client, &config);
+    let (capi, machine_watch, cluster_watch) = CapiStores::watch(&client, &config, base.capi);
     let (kubevirt_clusters, kubevirt_cluster_watch) = reconciler::cache_watch(
         config.api::<KubevirtCluster>(&client),
         config.watcher_config(),

@@ -69,9 +69,13 @@ pub async fn run(base: Arc<Context>) {
     base.track_cache(store.clone());
     let ctx = Arc::new(ClusterContext::new(base));
     let controller = controller
-        .watches(
-            config.api::<Cluster>(&client),
-            config.watcher_config(),
+        .watches_stream(
+            crate::capi::access::watch::<Cluster>(
+                &client,
+                ctx.base.capi,
+                &config,
+                config.watcher_config(),
+            ),
             |cluster| {
                 let reference = cluster.spec.infrastructure_ref.as_ref()?;
                 (reference.kind == "ProxmoxCluster").then(|| {

@@ -51,7 +51,7 @@ pub(super) async fn preflight(
     let mut specs: Vec<tenantry_api::proxmox::ProxmoxMachineSpec> =
         machines.iter().map(|m| m.spec.clone()).collect();
     specs.extend(
-        template_specs(&ctx.base.client, object, cluster_name)
+        template_specs(&ctx.base.client, ctx.base.capi, object, cluster_name)
             .await
             .unwrap_or_default(),
     );
@@ -125,15 +125,15 @@ pub(super) async fn read_permissions(
 /// labels them): their machines do not exist yet but will need the same.
 pub(super) async fn template_specs(
     client: &kube::Client,
+    generation: crate::capi::CapiGeneration,
     object: &ProxmoxCluster,
     cluster_name: &str,
 ) -> kube::Result<Vec<tenantry_api::proxmox::ProxmoxMachineSpec>> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let templates: Api<ProxmoxMachineTemplate> = Api::namespaced(client.clone(), &namespace);
-    let mut names: Vec<String> = Api::<MachineDeployment>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await?
-        .items
+    let deployments: Vec<MachineDeployment> =
+        crate::capi::access::list(client, generation, &namespace, &ListParams::default()).await?;
+    let mut names: Vec<String> = deployments
         .into_iter()
         .filter(|md| md.spec.cluster_name == cluster_name)
         .map(|md| md.spec.template.spec.infrastructure_ref)

@@ -84,7 +84,7 @@ pub async fn apply(object: Arc<ProxmoxCluster>, ctx: &ClusterContext) -> Result<
         .await?;
         return Ok(Action::await_change());
     };
-    let cluster = owner::get_cluster(client, &namespace, &cluster_name).await?;
+    let cluster = owner::get_cluster(client, ctx.base.capi, &namespace, &cluster_name).await?;
     let paused = pause::paused_by(cluster.as_ref(), &object.metadata);
     if paused.is_some() {
         let mut list = status.conditions.take().unwrap_or_default();

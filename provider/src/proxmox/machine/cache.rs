@@ -347,7 +347,11 @@ mod tests {
         let (claims, _) = kube::runtime::reflector::store();
         let (addresses, _) = kube::runtime::reflector::store();
         Caches::new(
-            CapiStores { machines, clusters },
+            CapiStores {
+                machines,
+                clusters,
+                generation: crate::capi::CapiGeneration::V1beta2,
+            },
             proxmox_clusters,
             claims,
             addresses,

@@ -55,7 +55,7 @@ pub async fn run(base: Arc<Context>) {
     let labelled = reconciler::watch_config()
         .labels(MACHINE_LABEL)
         .any_semantic();
-    let (capi, machine_watch, cluster_watch) = CapiStores::watch(&client, &config);
+    let (capi, machine_watch, cluster_watch) = CapiStores::watch(&client, &config, base.capi);
     let (proxmox_clusters, proxmox_cluster_watch) = reconciler::cache_watch(
         config.api::<ProxmoxCluster>(&client),
         config.watcher_config(),

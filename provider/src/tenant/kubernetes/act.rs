@@ -52,19 +52,6 @@ pub fn data_store_resource() -> ApiResource {
     resource("kamaji.clastix.io", "v1alpha1", "DataStore", "datastores")
 }
 
-pub fn kamaji_control_plane_resource() -> ApiResource {
-    resource(
-        "controlplane.cluster.x-k8s.io",
-        "v1alpha2",
-        "KamajiControlPlane",
-        "kamajicontrolplanes",
-    )
-}
-
-pub fn cluster_resource() -> ApiResource {
-    resource("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters")
-}
-
 pub(super) fn infrastructure_resource(kind: &str) -> ApiResource {
     match kind {
         "ProxmoxCluster" => resource(

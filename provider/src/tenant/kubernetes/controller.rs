@@ -17,6 +17,7 @@ use super::act;
 use super::reconcile::{self, Error};
 use super::render;
 use crate::reconciler::{self, Context};
+use crate::tenant::served::{KamajiApi, kamaji_control_plane_resource};
 
 /// Runs the controller until shutdown.
 pub async fn run(base: Arc<Context>) {
@@ -53,12 +54,12 @@ pub async fn run(base: Arc<Context>) {
     // a kind whose CRD is missing (Kamaji or etcd-operator not installed
     // yet) would be listed in a tight loop. Such kinds are not watched;
     // reconciles then poll them (every few seconds until Ready).
-    if crd_installed(&client, "kamajicontrolplanes.controlplane.cluster.x-k8s.io").await {
-        let kcps: Api<DynamicObject> =
-            Api::all_with(client.clone(), &act::kamaji_control_plane_resource());
+    if let Ok(Some(kamaji)) = KamajiApi::discover(&client).await {
+        let resource = kamaji_control_plane_resource(kamaji);
+        let kcps: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
         controller = controller.watches_with(
             kcps,
-            act::kamaji_control_plane_resource(),
+            resource,
             crate::reconciler::watch_config().labels(render::KUBERNETES_LABEL),
             move |kcp| by_label(&kcp.metadata),
         );

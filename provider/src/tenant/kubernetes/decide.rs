@@ -54,7 +54,9 @@ pub(super) fn control_plane_condition(
 ) -> DesiredCondition {
     let wanted = kubernetes.spec.version.pinned_patch();
     let status = &kcp["status"];
-    let initialized = status["initialization"]["controlPlaneInitialized"] == true;
+    // v1alpha2 (v1beta2 contract), or v1alpha1's `initialized`.
+    let initialized = status["initialization"]["controlPlaneInitialized"] == true
+        || status["initialized"] == true;
     let ready = status["ready"] == true || condition_true(kcp, "Available") == Some(true);
     let running = status["version"].as_str().unwrap_or_default();
     let name = kcp["metadata"]["name"].as_str().unwrap_or_default();

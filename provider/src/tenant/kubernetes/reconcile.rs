@@ -20,9 +20,11 @@ use super::act;
 use super::decide;
 use super::render;
 use super::status::{self, Reason, Report};
+use crate::capi::CapiKind;
 use crate::capi::conditions::DesiredCondition;
 use crate::reconciler::{self, Context};
 use crate::tenant::pki;
+use crate::tenant::served::{Served, ServedError};
 
 /// How often a cluster on its way up is looked at again.
 const POLL: Duration = Duration::from_secs(2);
@@ -51,14 +53,18 @@ pub async fn apply(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action,
     act::ensure_talos_secrets(client, &kubernetes).await?;
     act::ensure_oidc_secret(client, &kubernetes).await?;
 
+    let served = Served::of(ctx).await?;
     let controller_owner = act::owner_reference(&kubernetes, true);
     let owner = act::owner_reference(&kubernetes, false);
     let applied = async {
         act::apply_dynamic(
             client,
             Some(&namespace),
-            &act::cluster_resource(),
-            &act::with_owner(render::cluster(&kubernetes), &controller_owner),
+            &served.resource(CapiKind::Cluster),
+            &act::with_owner(
+                served.capi_object(CapiKind::Cluster, render::cluster(&kubernetes)),
+                &controller_owner,
+            ),
         )
         .await?;
         let infra = render::infrastructure_cluster(&kubernetes);
@@ -73,9 +79,9 @@ pub async fn apply(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action,
         act::apply_dynamic(
             client,
             Some(&namespace),
-            &act::kamaji_control_plane_resource(),
+            &served.kamaji_control_plane_resource(),
             &act::with_owner(
-                render::kamaji_control_plane(&kubernetes, &data_store),
+                served.kamaji_control_plane(render::kamaji_control_plane(&kubernetes, &data_store)),
                 &owner,
             ),
         )
@@ -189,7 +195,7 @@ pub async fn cleanup(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Actio
     }
 
     let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &act::cluster_resource());
+        Api::namespaced_with(client.clone(), &namespace, &ctx.capi.resource(CapiKind::Cluster));
     if act::delete_if_present(&clusters, &cluster).await? {
         return Err(Error::Waiting(
             format!("Cluster {cluster} is being deleted"),
@@ -199,10 +205,16 @@ pub async fn cleanup(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Actio
     // Without a Cluster (never created, or CAPI gone), nothing deletes
     // these for us.
     let mut left = false;
-    for resource in [
-        act::kamaji_control_plane_resource(),
-        act::infrastructure_resource(render::infrastructure_kind(kubernetes.spec.substrate)),
-    ] {
+    let mut resources = vec![act::infrastructure_resource(render::infrastructure_kind(
+        kubernetes.spec.substrate,
+    ))];
+    // No KamajiControlPlane CRD, no KamajiControlPlane to delete.
+    match Served::of(ctx).await {
+        Ok(served) => resources.push(served.kamaji_control_plane_resource()),
+        Err(ServedError::NoKamaji) => {}
+        Err(ServedError::Kube(error)) => return Err(error.into()),
+    }
+    for resource in resources {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
         left |= act::delete_if_present(&api, &cluster).await?;
     }

@@ -12,6 +12,7 @@ use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::KubernetesNodes;
 
 use super::render::{self as pool, POOL_LABEL, PoolNames};
+use crate::capi::{CapiGeneration, CapiKind};
 use crate::reconciler::{Context, FIELD_MANAGER};
 use crate::tenant::access::{self, AccessError};
 use crate::tenant::kubernetes::act::{delete_if_present, resource};
@@ -20,32 +21,6 @@ use crate::tenant::pki;
 use super::decide::tenant_join_objects;
 use super::observe::Trust;
 use super::reconcile::Error;
-
-pub fn machine_deployment_resource() -> ApiResource {
-    resource(
-        "cluster.x-k8s.io",
-        "v1beta2",
-        "MachineDeployment",
-        "machinedeployments",
-    )
-}
-
-pub(super) fn machine_health_check_resource() -> ApiResource {
-    resource(
-        "cluster.x-k8s.io",
-        "v1beta2",
-        "MachineHealthCheck",
-        "machinehealthchecks",
-    )
-}
-
-pub(super) fn machine_set_resource() -> ApiResource {
-    resource("cluster.x-k8s.io", "v1beta2", "MachineSet", "machinesets")
-}
-
-pub(super) fn machine_resource() -> ApiResource {
-    resource("cluster.x-k8s.io", "v1beta2", "Machine", "machines")
-}
 
 pub(super) fn talos_config_template_resource() -> ApiResource {
     resource(
@@ -168,6 +143,7 @@ pub(super) async fn clamp_replicas(
 /// used by a MachineSet (a rollout in progress, or old workers kept).
 pub(super) async fn collect_old_templates(
     client: &kube::Client,
+    generation: CapiGeneration,
     namespace: &str,
     names: &PoolNames,
     resource: &ApiResource,
@@ -176,7 +152,7 @@ pub(super) async fn collect_old_templates(
 ) -> Result<(), Error> {
     let templates: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
     let sets: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &machine_set_resource());
+        Api::namespaced_with(client.clone(), namespace, &generation.resource(CapiKind::MachineSet));
     let selector = format!("{}={}", pool::DEPLOYMENT_NAME_LABEL, names.objects);
     let in_use: BTreeSet<String> = sets
         .list(&ListParams::default().labels(&selector))

@@ -12,8 +12,8 @@ use kube::runtime::reflector::ObjectRef;
 use tenantry_api::tenant::Kubernetes;
 use tenantry_api::tenant_nodes::{KUBERNETES_NODES_FINALIZER, KubernetesNodes};
 
-use super::act;
 use super::reconcile::{self, Error};
+use crate::capi::CapiKind;
 use crate::reconciler::{self, Context};
 
 /// Runs the controller until shutdown.
@@ -21,8 +21,8 @@ pub async fn run(base: Arc<Context>) {
     let client = base.client.clone();
     let config = base.config.clone();
     let pools: Api<KubernetesNodes> = config.api(&client);
-    let deployments: Api<DynamicObject> =
-        Api::all_with(client.clone(), &act::machine_deployment_resource());
+    let deployment_resource = base.capi.resource(CapiKind::MachineDeployment);
+    let deployments: Api<DynamicObject> = Api::all_with(client.clone(), &deployment_resource);
     let controller = Controller::new(pools, config.watcher_config())
         .trigger_backoff(crate::reconciler::trigger_backoff())
         .with_config(config.controller_config());
@@ -47,7 +47,7 @@ pub async fn run(base: Arc<Context>) {
         })
         .owns_with(
             deployments,
-            act::machine_deployment_resource(),
+            deployment_resource,
             crate::reconciler::watch_config().labels(super::render::POOL_LABEL),
         );
     reconciler::run(controller, reconcile, base).await;

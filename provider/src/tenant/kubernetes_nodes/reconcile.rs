@@ -19,9 +19,11 @@ use super::decide;
 use super::observe;
 use super::render::{self as pool, POOL_LABEL, PoolNames};
 use super::status::{self, Reason};
+use crate::capi::CapiKind;
 use crate::reconciler::{self, Context};
 use crate::tenant::kubernetes::act::delete_if_present;
 use crate::tenant::pki;
+use crate::tenant::served::Served;
 use crate::tenant::talos::{self, WorkerTrust};
 
 /// How often a pool on its way up is looked at again.
@@ -62,6 +64,7 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
         )
         .await;
     };
+    let served = Served::of(ctx).await?;
     if kubernetes.metadata.deletion_timestamp.is_some() {
         return status::blocked(
             ctx,
@@ -149,7 +152,7 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         &namespace,
-        &act::machine_deployment_resource(),
+        &ctx.capi.resource(CapiKind::MachineDeployment),
     );
     let applied = async {
         // Machine templates are immutable and named by their content: one
@@ -173,12 +176,15 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
         }
         let deployment = act::apply(
             &deployments,
-            pool::machine_deployment(
-                &kubernetes,
-                &pool,
-                &names,
-                &template_name,
-                &bootstrap_template_name,
+            served.capi_object(
+                CapiKind::MachineDeployment,
+                pool::machine_deployment(
+                    &kubernetes,
+                    &pool,
+                    &names,
+                    &template_name,
+                    &bootstrap_template_name,
+                ),
             ),
             &owner,
         )
@@ -187,9 +193,12 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
             &Api::namespaced_with(
                 client.clone(),
                 &namespace,
-                &act::machine_health_check_resource(),
+                &ctx.capi.resource(CapiKind::MachineHealthCheck),
             ),
-            pool::machine_health_check(&pool, &names),
+            served.capi_object(
+                CapiKind::MachineHealthCheck,
+                pool::machine_health_check(&pool, &names),
+            ),
             &owner,
         )
         .await?;
@@ -221,6 +230,7 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
     let desired = act::clamp_replicas(&deployments, &deployment, &pool).await?;
     act::collect_old_templates(
         client,
+        ctx.capi,
         &namespace,
         &names,
         &act::machine_template_resource(&template_kind),
@@ -230,6 +240,7 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
     .await?;
     act::collect_old_templates(
         client,
+        ctx.capi,
         &namespace,
         &names,
         &act::talos_config_template_resource(),
@@ -239,7 +250,7 @@ pub async fn apply_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<Act
     .await?;
 
     let (workers, replicas, ready) = decide::workers_condition(
-        &serde_json::to_value(&deployment).unwrap_or_default(),
+        &served.read_machine_deployment(serde_json::to_value(&deployment).unwrap_or_default()),
         desired,
     );
     let is_ready = status::write_status(ctx, &pool, workers, Some(replicas), Some(ready)).await?;
@@ -260,10 +271,10 @@ pub async fn cleanup_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<A
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         &namespace,
-        &act::machine_deployment_resource(),
+        &ctx.capi.resource(CapiKind::MachineDeployment),
     );
     let machines: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &act::machine_resource());
+        Api::namespaced_with(client.clone(), &namespace, &ctx.capi.resource(CapiKind::Machine));
     let deployment_gone = !delete_if_present(&deployments, &names.objects).await?;
     let selector = format!("{}={}", pool::DEPLOYMENT_NAME_LABEL, names.objects);
     let left = machines
@@ -281,7 +292,7 @@ pub async fn cleanup_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<A
         &Api::namespaced_with(
             client.clone(),
             &namespace,
-            &act::machine_health_check_resource(),
+            &ctx.capi.resource(CapiKind::MachineHealthCheck),
         ),
         &names.objects,
     )
