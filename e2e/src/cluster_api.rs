@@ -1,9 +1,9 @@
 //! Upstream controller-runtime managers (the real Cluster API core manager,
-//! the in-cluster IPAM provider), run out of cluster against a harness
-//! control plane, with their webhooks wired the way their kustomize overlays
-//! wire them in a real management cluster (CRD conversion and admission
-//! webhooks), except that the apiserver reaches the manager by URL on
-//! loopback instead of through a Service.
+//! of the pinned release or of v1.10, the in-cluster IPAM provider), run out
+//! of cluster against a harness control plane, with their webhooks wired the
+//! way their kustomize overlays wire them in a real management cluster (CRD
+//! conversion and admission webhooks), except that the apiserver reaches the
+//! manager by URL on loopback instead of through a Service.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,7 +51,59 @@ struct ManagerSpec {
     /// Labels the provider's kustomize overlay puts on its CRDs besides
     /// clusterctl's (a bootstrap provider's contract labels, say).
     crd_labels: &'static [(&'static str, &'static str)],
+    /// CRDs with several versions that the provider's kustomize overlay
+    /// leaves without a conversion webhook (strategy `None`): the manager
+    /// cannot convert them.
+    crds_without_conversion: &'static [&'static str],
 }
+
+/// Which release of the Cluster API core manager runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClusterApiRelease {
+    /// The pinned release (`hack/upstream/cluster-api`, v1.14): stores
+    /// `cluster.x-k8s.io/v1beta2` and still serves `v1beta1`.
+    #[default]
+    Pinned,
+    /// v1.10 (`hack/upstream/cluster-api-1.10`), the last minor that serves
+    /// `cluster.x-k8s.io/v1beta1` only.
+    V1_10,
+}
+
+impl ClusterApiRelease {
+    /// The release's version, as its wrapper module pins it (`v1.10.1`).
+    pub fn version(self) -> anyhow::Result<String> {
+        let wrapper = match self {
+            ClusterApiRelease::Pinned => "cluster-api",
+            ClusterApiRelease::V1_10 => "cluster-api-1.10",
+        };
+        crate::upstream::pinned_version(wrapper, "sigs.k8s.io/cluster-api")
+    }
+
+    /// The newest `cluster.x-k8s.io` version the release serves, the one it
+    /// stores objects in.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ClusterApiRelease::Pinned => "v1beta2",
+            ClusterApiRelease::V1_10 => "v1beta1",
+        }
+    }
+
+    /// The manager's binary.
+    pub fn binary(self) -> Binary {
+        match self {
+            ClusterApiRelease::Pinned => Binary::ClusterApiManager,
+            ClusterApiRelease::V1_10 => Binary::ClusterApiManagerV1_10,
+        }
+    }
+}
+
+/// Cluster API v1.10's IPAM CRDs serve `v1alpha1` and `v1beta1` with no
+/// conversion webhook (its `config/crd/kustomization.yaml` patches none in),
+/// and its manager's scheme lacks IPAM `v1alpha1`, so `/convert` would fail.
+const CLUSTER_API_V1_10_UNCONVERTED_CRDS: &[&str] = &[
+    "ipaddresses.ipam.cluster.x-k8s.io",
+    "ipaddressclaims.ipam.cluster.x-k8s.io",
+];
 
 /// CABPT's contract labels (`config/crd/kustomization.yaml` `commonLabels`
 /// of v0.6.12): its `v1alpha3` implements the v1beta1 contract.
@@ -61,22 +113,45 @@ const CABPT_CONTRACT_LABELS: &[(&str, &str)] = &[
     ("cluster.x-k8s.io/v1beta1", "v1alpha3"),
 ];
 
-/// The real Cluster API core manager (`sigs.k8s.io/cluster-api/core`).
+/// The real Cluster API core manager (`sigs.k8s.io/cluster-api/core`; in
+/// v1.10, the module root).
 pub type ClusterApiManager = UpstreamManager;
 
 impl UpstreamManager {
-    /// Installs the Cluster API CRDs and webhook configurations into
-    /// `control_plane`, starts the manager and waits until it is ready and
-    /// its webhooks answer.
+    /// Installs the Cluster API CRDs and webhook configurations of the
+    /// pinned release into `control_plane`, starts the manager and waits
+    /// until it is ready and its webhooks answer.
     pub async fn start(control_plane: &ControlPlane) -> anyhow::Result<Self> {
+        Self::start_release(control_plane, ClusterApiRelease::Pinned).await
+    }
+
+    /// [`Self::start`] with the CRDs, webhooks and manager of `release`.
+    /// Both releases take the same flags here (v1.10 has the diagnostics
+    /// flags too); each runs with its own default feature gates.
+    pub async fn start_release(
+        control_plane: &ControlPlane,
+        release: ClusterApiRelease,
+    ) -> anyhow::Result<Self> {
         let upstream = Upstream::locate()?;
         let diagnostics_port = free_port()?;
+        let (label, config, crds_without_conversion) = match release {
+            ClusterApiRelease::Pinned => (
+                "Cluster API manager",
+                upstream.cluster_api_config()?,
+                &[][..],
+            ),
+            ClusterApiRelease::V1_10 => (
+                "Cluster API manager v1.10",
+                upstream.cluster_api_v1_10_config()?,
+                CLUSTER_API_V1_10_UNCONVERTED_CRDS,
+            ),
+        };
         Self::start_spec(
             control_plane,
             ManagerSpec {
-                label: "Cluster API manager",
-                binary: Binary::ClusterApiManager,
-                config: upstream.cluster_api_config()?,
+                label,
+                binary: release.binary(),
+                config,
                 health_flag: "--health-addr",
                 extra_args: vec![
                     format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
@@ -85,6 +160,7 @@ impl UpstreamManager {
                 ],
                 clusterctl_provider: "cluster-api",
                 crd_labels: &[],
+                crds_without_conversion,
             },
         )
         .await
@@ -109,6 +185,7 @@ impl UpstreamManager {
                 ],
                 clusterctl_provider: "ipam-in-cluster",
                 crd_labels: &[],
+                crds_without_conversion: &[],
             },
         )
         .await
@@ -134,6 +211,7 @@ impl UpstreamManager {
                 ],
                 clusterctl_provider: "bootstrap-talos",
                 crd_labels: CABPT_CONTRACT_LABELS,
+                crds_without_conversion: &[],
             },
         )
         .await
@@ -162,6 +240,7 @@ impl UpstreamManager {
             &ca_bundle,
             spec.clusterctl_provider,
             spec.crd_labels,
+            spec.crds_without_conversion,
         )
         .await?;
         install_webhook_configurations(
@@ -250,7 +329,9 @@ impl UpstreamManager {
 }
 
 /// Installs a manager's CRDs with their conversion webhook pointed at
-/// `webhook_base`, as the `webhook_in_*.yaml` patches and CA injection do.
+/// `webhook_base`, as the `webhook_in_*.yaml` patches and CA injection do
+/// (for every CRD with several versions but those named in
+/// `without_conversion`).
 async fn install_crds(
     control_plane: &ControlPlane,
     crd_dir: &Path,
@@ -258,6 +339,7 @@ async fn install_crds(
     ca_bundle: &ByteString,
     clusterctl_provider: &str,
     extra_labels: &[(&str, &str)],
+    without_conversion: &[&str],
 ) -> anyhow::Result<()> {
     let mut crds = crds_of(read_documents(crd_dir)?)?;
     for crd in &mut crds {
@@ -270,7 +352,8 @@ async fn install_crds(
             "cluster.x-k8s.io/provider".into(),
             clusterctl_provider.into(),
         );
-        if crd.spec.versions.len() > 1 {
+        let name = crd.metadata.name.as_deref().unwrap_or_default();
+        if crd.spec.versions.len() > 1 && !without_conversion.contains(&name) {
             crd.spec.conversion = Some(CustomResourceConversion {
                 strategy: "Webhook".into(),
                 webhook: Some(WebhookConversion {

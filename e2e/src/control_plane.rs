@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde::Deserialize;
 
 use crate::pki::{CertificateAuthority, ServiceAccountKeys, write_private};
 use crate::process::ManagedProcess;
@@ -66,6 +67,10 @@ pub struct ControlPlaneOptions {
     /// of a [`crate::management::ManagementCluster`] reach (a tenant's,
     /// behind Kamaji's Service).
     pub address: Option<std::net::Ipv4Addr>,
+    /// Record the apiserver's audit log (`audit.log` in the control plane's
+    /// folder): every request at level `Metadata`, one JSON event per line,
+    /// read back with [`ControlPlane::audit_events`].
+    pub audit_log: bool,
 }
 
 /// What a control plane that runs pods needs to know of the node network.
@@ -89,8 +94,66 @@ impl Default for ControlPlaneOptions {
             extra_serving_names: Vec::new(),
             pods: None,
             address: None,
+            audit_log: false,
         }
     }
+}
+
+/// Every request at level `Metadata` (who, what, the answer's code; no
+/// bodies), once when the answer is complete: the `RequestReceived` stage
+/// would log each request twice.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages:
+  - RequestReceived
+rules:
+  - level: Metadata
+";
+
+/// One event of the apiserver's audit log (`audit.k8s.io/v1` `Event`),
+/// reduced to who asked what and how it was answered.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, …
+    pub verb: String,
+    #[serde(rename = "requestURI")]
+    pub request_uri: String,
+    pub user: AuditUser,
+    /// Absent when the client sent none.
+    pub user_agent: Option<String>,
+    /// The object or collection asked for; absent for non-resource URLs
+    /// (`/readyz`, discovery).
+    pub object_ref: Option<AuditObjectRef>,
+    /// Absent when the request panicked.
+    pub response_status: Option<AuditResponseStatus>,
+}
+
+/// Who sent an audited request.
+#[derive(Clone, Debug, Deserialize)]
+pub struct AuditUser {
+    #[serde(default)]
+    pub username: String,
+}
+
+/// What an audited request was about; `None` for what it did not name
+/// (`apiGroup` of the core group, `namespace` of a cluster-wide request,
+/// `name` of a list or watch).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditObjectRef {
+    pub api_group: Option<String>,
+    pub api_version: Option<String>,
+    pub resource: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+/// How an audited request was answered.
+#[derive(Clone, Debug, Deserialize)]
+pub struct AuditResponseStatus {
+    #[serde(default)]
+    pub code: u16,
 }
 
 /// A running control plane. Dropping it kills every process it started; on a
@@ -107,6 +170,7 @@ pub struct ControlPlane {
     apiserver_binary: Binary,
     apiserver_args: Vec<String>,
     apiserver_log: PathBuf,
+    audit_log: Option<PathBuf>,
     ca: CertificateAuthority,
     server_url: String,
     kubeconfig_path: PathBuf,
@@ -295,6 +359,23 @@ impl ControlPlane {
             // default ServiceAccount was not made yet.
             apiserver_args.push("--disable-admission-plugins=ServiceAccount".to_string());
         }
+        let audit_log = match options.audit_log {
+            true => {
+                let policy = root.join("audit-policy.yaml");
+                std::fs::write(&policy, AUDIT_POLICY).context("write audit-policy.yaml")?;
+                let log = root.join("audit.log");
+                apiserver_args.extend([
+                    format!("--audit-policy-file={}", policy.display()),
+                    format!("--audit-log-path={}", log.display()),
+                    "--audit-log-format=json".to_string(),
+                    // Each event is written before the request's handler
+                    // returns, not batched in the background.
+                    "--audit-log-mode=blocking".to_string(),
+                ]);
+                Some(log)
+            }
+            false => None,
+        };
         apiserver_args.extend(options.extra_apiserver_args.iter().cloned());
         apiserver_cmd.args(&apiserver_args);
         let apiserver_log = root.join("kube-apiserver.log");
@@ -418,6 +499,7 @@ impl ControlPlane {
             apiserver_binary: options.apiserver_binary,
             apiserver_args,
             apiserver_log,
+            audit_log,
             ca,
             server_url,
             kubeconfig_path,
@@ -588,6 +670,36 @@ impl ControlPlane {
     /// [`Self::restart_apiserver_with`].
     pub async fn restart_apiserver(&mut self) -> anyhow::Result<()> {
         self.restart_apiserver_with(self.apiserver_binary).await
+    }
+
+    /// The events of the apiserver's audit log so far, oldest first (its
+    /// flags survive [`Self::restart_apiserver_with`], which appends to the
+    /// same file). Needs [`ControlPlaneOptions::audit_log`]. A request's
+    /// event is written as its answer completes, so a test waits for the
+    /// event it looks for rather than reading once.
+    pub fn audit_events(&self) -> anyhow::Result<Vec<AuditEvent>> {
+        let path = self
+            .audit_log
+            .as_ref()
+            .context("this control plane records no audit log (ControlPlaneOptions::audit_log)")?;
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            // The apiserver creates the file with the first event.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => {
+                return Err(error).with_context(|| format!("read {}", path.display()));
+            }
+        };
+        // A line without its newline is still being written.
+        let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+        complete
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| {
+                serde_json::from_str(line)
+                    .with_context(|| format!("parse audit event {line:?} in {}", path.display()))
+            })
+            .collect()
     }
 
     /// A `kubectl` command pointed at this control plane.

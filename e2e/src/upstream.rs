@@ -18,6 +18,8 @@ pub enum Binary {
     Etcd,
     /// kube-apiserver of the pinned Kubernetes release (v1.35).
     KubeApiserver,
+    /// kube-apiserver of the oldest minor tenant clusters run (v1.31).
+    KubeApiserverV1_31,
     /// kube-apiserver of the previous minor (v1.34), for tenant control
     /// planes that ask for it and for upgrades from it.
     KubeApiserverV1_34,
@@ -27,7 +29,11 @@ pub enum Binary {
     KubeControllerManager,
     KubeScheduler,
     Kubectl,
+    /// The Cluster API core manager of the pinned release (v1.14).
     ClusterApiManager,
+    /// The Cluster API core manager v1.10 (wrapper `cluster-api-1.10`), the
+    /// last minor that serves `cluster.x-k8s.io/v1beta1` only.
+    ClusterApiManagerV1_10,
     Clusterctl,
     IpamInCluster,
     /// CABPT, the Talos bootstrap provider (Cozystack's version).
@@ -50,12 +56,14 @@ impl Binary {
         match self {
             Binary::Etcd => "etcd",
             Binary::KubeApiserver => "kube-apiserver",
+            Binary::KubeApiserverV1_31 => "kube-apiserver-v1.31",
             Binary::KubeApiserverV1_34 => "kube-apiserver-v1.34",
             Binary::KubeApiserverV1_36 => "kube-apiserver-v1.36",
             Binary::KubeControllerManager => "kube-controller-manager",
             Binary::KubeScheduler => "kube-scheduler",
             Binary::Kubectl => "kubectl",
             Binary::ClusterApiManager => "cluster-api-manager",
+            Binary::ClusterApiManagerV1_10 => "cluster-api-manager-v1.10",
             Binary::Clusterctl => "clusterctl",
             Binary::IpamInCluster => "ipam-in-cluster",
             Binary::Cabpt => "cabpt",
@@ -72,8 +80,9 @@ impl Binary {
 /// minor version (the `34` of v1.34), oldest first: the minors the
 /// `Kubernetes` kind accepts that the harness has a build of.
 /// `hack/upstream/build.sh` builds each from its own wrapper module
-/// (`kubernetes/`, `kubernetes-1.34/`).
-pub const KUBE_APISERVER_MINORS: [(u32, Binary); 2] = [
+/// (`kubernetes/`, `kubernetes-1.31/`, `kubernetes-1.34/`).
+pub const KUBE_APISERVER_MINORS: [(u32, Binary); 3] = [
+    (31, Binary::KubeApiserverV1_31),
     (34, Binary::KubeApiserverV1_34),
     (35, Binary::KubeApiserver),
 ];
@@ -159,6 +168,12 @@ impl Upstream {
     /// manifests (`webhook/`) of the pinned Cluster API release.
     pub fn cluster_api_config(&self) -> anyhow::Result<PathBuf> {
         self.config("cluster-api")
+    }
+
+    /// The folder holding the CRDs (`crd/`) and webhook manifests
+    /// (`webhook/`) of Cluster API v1.10 (wrapper `cluster-api-1.10`).
+    pub fn cluster_api_v1_10_config(&self) -> anyhow::Result<PathBuf> {
+        self.config("cluster-api-v1.10")
     }
 
     /// The folder holding the in-cluster IPAM provider's CRDs (`crd/`) and

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tenantry_provider::reconciler::ManagerConfig;
 
 use crate::cert_manager::CertManager;
-use crate::cluster_api::{ClusterApiManager, UpstreamManager};
+use crate::cluster_api::{ClusterApiManager, ClusterApiRelease, UpstreamManager};
 use crate::cluster_api_operator::ClusterApiOperator;
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::kubevirt_upstream::VirtApi;
@@ -79,7 +79,7 @@ pub struct WorldBuilder {
     cert_manager_crds: bool,
     cert_manager: bool,
     operator: bool,
-    cluster_api: bool,
+    cluster_api: Option<ClusterApiRelease>,
     ipam: bool,
     cabpt: bool,
     virt_api: bool,
@@ -104,6 +104,7 @@ pub struct World {
     pve: Option<PveLab>,
     ipam: Option<UpstreamManager>,
     capi: Option<ClusterApiManager>,
+    capi_release: Option<ClusterApiRelease>,
     operator: Option<ClusterApiOperator>,
     cert_manager: Option<CertManager>,
     control_plane: ControlPlane,
@@ -156,9 +157,17 @@ impl WorldBuilder {
         self
     }
 
-    /// The real Cluster API core manager.
+    /// The real Cluster API core manager, of the pinned release unless
+    /// [`Self::cluster_api_release`] asks for another.
     pub fn cluster_api(mut self) -> Self {
-        self.cluster_api = true;
+        self.cluster_api.get_or_insert_default();
+        self
+    }
+
+    /// The real Cluster API core manager of `release` (with its CRDs and
+    /// webhooks).
+    pub fn cluster_api_release(mut self, release: ClusterApiRelease) -> Self {
+        self.cluster_api = Some(release);
         self
     }
 
@@ -316,11 +325,11 @@ impl WorldBuilder {
             false => None,
         };
         let capi = match self.cluster_api {
-            true => Some(started(
+            Some(release) => Some(started(
                 "the Cluster API manager",
-                ClusterApiManager::start(&control_plane).await,
+                ClusterApiManager::start_release(&control_plane, release).await,
             )),
-            false => None,
+            None => None,
         };
         let ipam = match self.ipam {
             true => Some(started(
@@ -421,6 +430,7 @@ impl WorldBuilder {
             pve,
             ipam,
             capi,
+            capi_release: self.cluster_api,
             operator,
             cert_manager,
             control_plane,
@@ -473,7 +483,7 @@ impl World {
             cert_manager_crds: false,
             cert_manager: false,
             operator: false,
-            cluster_api: false,
+            cluster_api: None,
             ipam: false,
             cabpt: false,
             virt_api: false,
@@ -530,6 +540,11 @@ impl World {
 
     pub fn capi(&self) -> &ClusterApiManager {
         part(&self.capi, "the Cluster API manager")
+    }
+
+    /// Which release of the Cluster API manager the world was started with.
+    pub fn capi_release(&self) -> ClusterApiRelease {
+        *part(&self.capi_release, "the Cluster API manager")
     }
 
     /// Takes the Cluster API manager out of the world, to stop it.
@@ -614,6 +629,7 @@ impl World {
     pub fn swap_management(&mut self, other: &mut World) {
         std::mem::swap(&mut self.control_plane, &mut other.control_plane);
         std::mem::swap(&mut self.capi, &mut other.capi);
+        std::mem::swap(&mut self.capi_release, &mut other.capi_release);
         std::mem::swap(&mut self.ipam, &mut other.ipam);
         std::mem::swap(&mut self.tenantry, &mut other.tenantry);
     }

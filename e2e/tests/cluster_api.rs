@@ -10,9 +10,10 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use serde_json::json;
+use tenantry_e2e::cluster_api::ClusterApiRelease;
 use tenantry_e2e::manifests::install_crds;
 use tenantry_e2e::process::is_alive;
-use tenantry_e2e::{World, wait};
+use tenantry_e2e::{ControlPlaneOptions, World, wait};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 const CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
@@ -202,6 +203,105 @@ async fn cluster_api_manager_reconciles_and_deletes_a_cluster() {
     assert!(
         !is_alive(pid),
         "Cluster API manager still running after stop"
+    );
+}
+
+/// Cluster API v1.10, the generation before v1beta2, runs in the harness
+/// too: the apiserver serves its `v1beta1` API alone, its webhooks admit a
+/// v1beta1 Cluster, its manager puts its finalizer on it, and the audit log
+/// shows that write, made by the manager.
+#[tokio::test]
+async fn cluster_api_v1_10_serves_v1beta1_only_and_the_audit_log_shows_its_manager() {
+    let world = World::builder("harness")
+        .control_plane(ControlPlaneOptions {
+            name: "harness".into(),
+            controller_manager: false,
+            audit_log: true,
+            ..Default::default()
+        })
+        .without_tenantry_crds()
+        .cluster_api_release(ClusterApiRelease::V1_10)
+        .start()
+        .await;
+    assert_eq!(world.capi_release(), ClusterApiRelease::V1_10);
+    let client = world.client();
+    let fail = |e: anyhow::Error| -> ! { world.fail(e) };
+
+    let groups = client.list_api_groups().await.expect("API discovery");
+    let capi = groups
+        .groups
+        .iter()
+        .find(|g| g.name == "cluster.x-k8s.io")
+        .expect("cluster.x-k8s.io served");
+    let versions: Vec<&str> = capi.versions.iter().map(|v| v.version.as_str()).collect();
+    assert_eq!(
+        versions,
+        [ClusterApiRelease::V1_10.api_version()],
+        "v1.10 serves v1beta1 alone, no v1beta2"
+    );
+
+    let clusters = api(
+        &client,
+        "cluster.x-k8s.io",
+        "v1beta1",
+        "Cluster",
+        "clusters",
+    );
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1",
+        "kind": "Cluster",
+        "metadata": { "name": "demo" },
+        "spec": { "clusterNetwork": { "pods": { "cidrBlocks": ["10.243.0.0/16"] } } }
+    }))
+    .expect("Cluster object");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create v1beta1 Cluster");
+
+    // The manager names itself and its release in its User-Agent
+    // (`<binary>/v1.10.1 cluster-api-controller-manager (linux/amd64) …`).
+    let version = ClusterApiRelease::V1_10.version().expect("v1.10 version");
+    let agent = format!("/{version} cluster-api-controller-manager ");
+    let control_plane = world.control_plane();
+    let write = wait::until(
+        "the manager's finalizer write on the Cluster in the audit log",
+        DEADLINE,
+        || {
+            let agent = agent.clone();
+            async move {
+                let events = control_plane.audit_events()?;
+                Ok(events.into_iter().find(|event| {
+                    let object = event.object_ref.clone().unwrap_or_default();
+                    event
+                        .user_agent
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains(&agent)
+                        && matches!(event.verb.as_str(), "patch" | "update")
+                        && object.api_group.as_deref() == Some("cluster.x-k8s.io")
+                        && object.resource.as_deref() == Some("clusters")
+                        && object.name.as_deref() == Some("demo")
+                }))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let object = write.object_ref.expect("object reference");
+    assert_eq!(object.api_version.as_deref(), Some("v1beta1"));
+    assert_eq!(object.namespace.as_deref(), Some("default"));
+    assert_eq!(write.response_status.map(|s| s.code), Some(200));
+    assert_eq!(write.user.username, tenantry_e2e::control_plane::ADMIN_USER);
+    let finalized = clusters.get("demo").await.expect("get Cluster");
+    assert!(
+        finalized
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == CLUSTER_FINALIZER),
+        "the manager's write is its finalizer"
     );
 }
 

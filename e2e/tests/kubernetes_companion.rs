@@ -4,7 +4,9 @@
 //! deletion leaves nothing behind. Real kube-apiserver, real CAPI core
 //! manager, tenantry with its webhooks; Kamaji and etcd-operator simulated
 //! (`e2e/src/sim/tenant/`), the tenant's apiserver a real one of the
-//! requested minor.
+//! requested minor. Once with the pinned Cluster API and KamajiControlPlane
+//! v1alpha2, once with what the platform runs: Cluster API v1.10 (v1beta1
+//! only), KamajiControlPlane v1alpha1, and the oldest tenant minor.
 
 use std::time::Duration;
 
@@ -15,8 +17,9 @@ use kube::api::{
 use serde_json::{Value, json};
 use tenantry_api::tenant::Kubernetes;
 use tenantry_e2e::bench::resource;
+use tenantry_e2e::cluster_api::ClusterApiRelease;
 use tenantry_e2e::fixtures;
-use tenantry_e2e::sim::tenant::{EtcdFault, TenantControlPlaneOptions};
+use tenantry_e2e::sim::tenant::{EtcdFault, KamajiApi, TenantControlPlaneOptions};
 use tenantry_e2e::upstream::{Binary, Upstream};
 use tenantry_e2e::wait;
 
@@ -33,9 +36,17 @@ struct World {
 
 impl World {
     async fn start() -> Self {
+        Self::start_on(ClusterApiRelease::Pinned, KamajiApi::V1alpha2).await
+    }
+
+    /// With the Cluster API release and the KamajiControlPlane API given.
+    async fn start_on(release: ClusterApiRelease, kamaji: KamajiApi) -> Self {
         let parts = tenantry_e2e::World::builder("management")
-            .cluster_api()
-            .kamaji(TenantControlPlaneOptions::default())
+            .cluster_api_release(release)
+            .kamaji(TenantControlPlaneOptions {
+                api: kamaji,
+                ..Default::default()
+            })
             // As under Kamaji: no tenant control plane before its DataStore.
             .kamaji_waits_for_data_stores()
             .etcd()
@@ -318,6 +329,87 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
             }
             Ok(left.is_empty().then_some(()))
         },
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e, None));
+    assert_eq!(
+        world.parts.kamaji().running().await,
+        0,
+        "the tenant control plane stopped"
+    );
+}
+
+#[tokio::test]
+async fn a_kubernetes_object_runs_on_cluster_api_v1_10_and_kamaji_v1alpha1() {
+    let world = World::start_on(ClusterApiRelease::V1_10, KamajiApi::V1alpha1).await;
+    let kubernetes: Kubernetes = serde_json::from_value(json!({
+        "apiVersion": "apps.tenantry.dev/v1alpha1",
+        "kind": "Kubernetes",
+        "metadata": { "name": NAME, "namespace": NAMESPACE },
+        "spec": { "version": "v1.31" },
+    }))
+    .expect("object");
+    world
+        .kubernetes()
+        .create(&PostParams::default(), &kubernetes)
+        .await
+        .expect("create Kubernetes");
+    world
+        .wait_ready("the cluster to be Ready on v1.31", |k| {
+            k.status.as_ref().and_then(|s| s.version.as_deref()) == Some("v1.31.14")
+        })
+        .await;
+    let version = world.tenant_version().await;
+    assert!(version.starts_with("v1.31."), "the tenant serves {version}");
+
+    // Written in the versions served: a v1beta1 Cluster naming a v1alpha1
+    // KamajiControlPlane, which Cluster API v1.10 reports ready.
+    let cluster = Api::<DynamicObject>::namespaced_with(
+        world.client(),
+        NAMESPACE,
+        &resource("cluster.x-k8s.io", "v1beta1", "Cluster", "clusters"),
+    )
+    .get("kubernetes-demo")
+    .await
+    .expect("Cluster");
+    assert_eq!(
+        cluster.data["spec"]["controlPlaneRef"]["apiVersion"],
+        "controlplane.cluster.x-k8s.io/v1alpha1"
+    );
+    assert_eq!(
+        cluster.data["status"]["controlPlaneReady"], true,
+        "{}",
+        cluster.data["status"]
+    );
+    let kcp = Api::<DynamicObject>::namespaced_with(
+        world.client(),
+        NAMESPACE,
+        &resource(
+            "controlplane.cluster.x-k8s.io",
+            "v1alpha1",
+            "KamajiControlPlane",
+            "kamajicontrolplanes",
+        ),
+    )
+    .get("kubernetes-demo")
+    .await
+    .expect("KamajiControlPlane v1alpha1");
+    assert_eq!(kcp.data["spec"]["version"], "v1.31.14");
+    assert_eq!(
+        kcp.data["spec"]["network"]["additionalServicePorts"][0]["name"],
+        "talos-trustd"
+    );
+
+    world
+        .kubernetes()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    fixtures::wait_for_absence(
+        &world.kubernetes(),
+        NAME,
+        "the Kubernetes object to be gone",
+        DEADLINE,
     )
     .await
     .unwrap_or_else(|e| world.fail(e, None));

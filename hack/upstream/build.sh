@@ -8,12 +8,15 @@
 #
 # Each binary lands in  $TENANTRY_CACHE/upstream/<name>-<version>/<name>  and
 # $TENANTRY_CACHE/upstream/bin/<name> is a symlink to the version this checkout
-# pins; kube-apiserver of the previous and of the newest minor (wrappers
-# kubernetes-1.34/ and kubernetes-1.36/) is linked as bin/kube-apiserver-v1.34
-# and bin/kube-apiserver-v1.36 next to it. Binaries already present are not
-# rebuilt, so a warm run is a no-op.
+# pins; kube-apiserver of the oldest tenant minor, the previous and the newest
+# minor (wrappers kubernetes-1.31/, kubernetes-1.34/, kubernetes-1.36/) is
+# linked as bin/kube-apiserver-v1.31, -v1.34 and -v1.36 next to it, and the Cluster API core manager of
+# the v1beta1 generation (v1.10, wrapper cluster-api-1.10/) as
+# bin/cluster-api-manager-v1.10. Binaries already present are not rebuilt, so
+# a warm run is a no-op.
 # The Cluster API CRDs and webhook manifests, which ship inside its Go module,
-# are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook}, and its
+# are copied to $TENANTRY_CACHE/upstream/cluster-api/{crd,webhook} (v1.10's
+# to upstream/cluster-api-v1.10/{crd,webhook}), and its
 # clusterctl release artifacts (core-components.yaml, metadata.yaml) are
 # rendered with kustomize into $TENANTRY_CACHE/upstream/cluster-api-release;
 # cert-manager's CRDs go to $TENANTRY_CACHE/upstream/cert-manager/crd.
@@ -46,11 +49,12 @@ module_dir() {
 	(cd "$here/$1" && go mod download -json "$2" | awk -F'"' '$2 == "Dir" { print $4 }')
 }
 
-# copy_config <name> <wrapper> <module> <version>: copies a provider's CRDs
-# and webhook manifests out of its module into the cache, once, and links
-# them as upstream/<name>/{crd,webhook}.
+# copy_config <name> <wrapper> <module> <version> [link]: copies a provider's
+# CRDs and webhook manifests (config/crd/bases, config/webhook) out of its
+# module into the cache, once, and links them as upstream/<link>/{crd,webhook}
+# (default <name>).
 copy_config() {
-	local name="$1" wrapper="$2" module="$3" version="$4"
+	local name="$1" wrapper="$2" module="$3" version="$4" link="${5:-$1}"
 	local config="$cache/$name-$version/config"
 	if [[ ! -d "$config" ]]; then
 		local dir
@@ -62,7 +66,7 @@ copy_config() {
 		chmod -R u+w "$config.partial"
 		mv "$config.partial" "$config"
 	fi
-	ln -sfn "$name-$version/config" "$cache/$name"
+	ln -sfn "$name-$version/config" "$cache/$link"
 }
 
 build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -151,11 +155,11 @@ main() {
 
 	# --- kube-apiserver of other minors ------------------------------------------
 	# The tenant control plane simulator runs the kube-apiserver of the minor a
-	# KamajiControlPlane asks for (and upgrades it in place), so the previous
-	# minor is built too; the management-version matrix test installs
+	# KamajiControlPlane asks for (and upgrades it in place), so the oldest
+	# minor tenants run (v1.31) and the previous one are built too; the management-version matrix test installs
 	# tenantry on the newest minor. Each comes from its own wrapper and is
 	# linked as bin/kube-apiserver-v<major>.<minor>; they share one etcd.
-	for wrapper in kubernetes-1.34 kubernetes-1.36; do
+	for wrapper in kubernetes-1.31 kubernetes-1.34 kubernetes-1.36; do
 		minor_version="$(version_of "$wrapper" k8s.io/kubernetes)"
 		minor="$(echo "$minor_version" | cut -d. -f2)"
 		minor_ldflags=""
@@ -202,6 +206,26 @@ main() {
 			mv "$capi_config.partial" "$capi_config"
 		fi
 		ln -sfn "cluster-api-$capi_version/config" "$cache/cluster-api"
+	fi
+
+	# --- Cluster API v1.10: the core manager of the v1beta1 generation --------
+	# The last minor that serves cluster.x-k8s.io v1beta1 only; the harness
+	# runs it instead of the pinned one when a test asks for it
+	# (e2e/src/cluster_api.rs, ClusterApiRelease::V1_10). Its main package is
+	# the module root, its CRDs and webhook manifests are under config/ (v1.14
+	# moved both under core/). No clusterctl: the tests use the pinned one.
+	capi110_version="$(version_of cluster-api-1.10 sigs.k8s.io/cluster-api)"
+	capi110_minor="$(echo "$capi110_version" | cut -d. -f2)"
+	if sel "cluster-api-manager-v1.$capi110_minor"; then
+		capi110_ldflags=""
+		for key in "gitVersion=$capi110_version" "gitMajor=1" "gitMinor=$capi110_minor" "gitTreeState=clean" \
+			"buildDate=$build_date"; do
+			capi110_ldflags+=" -X sigs.k8s.io/cluster-api/version.$key"
+		done
+		build cluster-api-manager cluster-api-1.10 sigs.k8s.io/cluster-api "$capi110_version" "$capi110_ldflags" \
+			"cluster-api-manager-v1.$capi110_minor"
+		copy_config cluster-api cluster-api-1.10 sigs.k8s.io/cluster-api "$capi110_version" \
+			"cluster-api-v1.$capi110_minor"
 	fi
 
 	# --- kustomize, and Cluster API's clusterctl release artifacts ------------
@@ -405,6 +429,9 @@ main() {
 	fi
 	if [[ -e "$cache/cluster-api" ]]; then
 		echo "Cluster API CRDs: $cache/cluster-api/crd (webhooks: $cache/cluster-api/webhook)"
+	fi
+	if [[ -e "$cache/cluster-api-v1.10" ]]; then
+		echo "Cluster API v1.10 CRDs: $cache/cluster-api-v1.10/crd (webhooks: $cache/cluster-api-v1.10/webhook)"
 	fi
 }
 

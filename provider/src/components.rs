@@ -28,8 +28,12 @@ pub const PROVIDER_LABEL: &str = "infrastructure-tenantry";
 pub const NAMESPACE: &str = "tenantry-system";
 /// The release version clusterctl sees (`v` + the crate version).
 pub const RELEASE_VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
-/// The Cluster API contract this release implements.
-pub const CONTRACT: &str = "v1beta2";
+/// The Cluster API contract `metadata.yaml` declares for this release
+/// series: v1beta1, which clusterctl 1.10 (the platform's) requires and
+/// clusterctl 1.11 and later accept as compatible with v1beta2. What Cluster
+/// API's core reads is decided by the CRDs' contract labels, which name
+/// both, and tenantry writes the fields of both contracts.
+pub const CONTRACT: &str = "v1beta1";
 /// The default image; `TENANTRY_IMAGE` overrides it at `clusterctl init`.
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/tenantry/tenantry:v", env!("CARGO_PKG_VERSION"));
 

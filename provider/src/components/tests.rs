@@ -153,12 +153,12 @@ fn the_image_factory_default_is_a_clusterctl_variable_passed_as_a_flag() {
 }
 
 #[test]
-fn metadata_maps_this_release_series_to_the_v1beta2_contract() {
+fn metadata_declares_the_contract_clusterctl_1_10_and_1_14_both_accept() {
     let metadata: Value =
         serde_norway::from_str(metadata_yaml().trim_start_matches("---\n")).expect("metadata YAML");
     assert_eq!(
         metadata["apiVersion"],
         "clusterctl.cluster.x-k8s.io/v1alpha3"
     );
-    assert_eq!(metadata["releaseSeries"][0]["contract"], "v1beta2");
+    assert_eq!(metadata["releaseSeries"][0]["contract"], "v1beta1");
 }

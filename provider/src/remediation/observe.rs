@@ -1,7 +1,6 @@
 //! What a remediation reconcile reads before it decides: its Machine (the
 //! owner CAPI set, or the one of the same name), the Cluster, and pause.
 
-
 use super::controller::RemediationObject;
 use super::decide::{HEALTH_CHECK_SUCCEEDED, MachineState};
 use super::reconcile::{Error, Run};
@@ -39,7 +38,8 @@ impl<K: RemediationObject> Run<'_, K> {
             .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()));
         let cluster = match &cluster_name {
             Some(cluster_name) => {
-                owner::get_cluster(&client, self.ctx.base.capi, &self.namespace, cluster_name).await?
+                owner::get_cluster(&client, self.ctx.base.capi, &self.namespace, cluster_name)
+                    .await?
             }
             None => None,
         };

@@ -1,6 +1,6 @@
 //! Kamaji, as Cluster API sees it: the control plane provider for
-//! `KamajiControlPlane` (`controlplane.cluster.x-k8s.io/v1alpha2`) and the
-//! tenant control plane behind it.
+//! `KamajiControlPlane` (`controlplane.cluster.x-k8s.io/v1alpha2`, or
+//! `v1alpha1`, see below) and the tenant control plane behind it.
 //!
 //! Kamaji's CAPI provider turns a KamajiControlPlane into a Kamaji
 //! `TenantControlPlane` of the same name, whose kube-apiserver runs as pods;
@@ -68,8 +68,21 @@
 //!   `TenantControlPlaneAddressReady`, `ControlPlaneEndpointPatched`,
 //!   `KamajiControlPlaneIsInitialized`, `KubeadmResourcesCreated`,
 //!   `KamajiControlPlaneIsReady` with reasons `Succeeded`/`Failed`, and
-//!   `Available`), `initialization.controlPlaneInitialized`, `ready`,
-//!   `version` and the replica counts.
+//!   `Available`); in v1alpha2 `initialization.controlPlaneInitialized`,
+//!   `ready`, `version` and the replica counts.
+//! - **The v1alpha1 API** ([`KamajiApi::V1alpha1`]), as provider v0.19.0
+//!   serves it and Cozystack deploys it (the CRD from
+//!   `fixtures/upstream/cozystack/deployed-crds/`, which adds
+//!   `spec.network.additionalServicePorts`): the same spec fields mean the
+//!   same; status follows the v1beta1 contract, with `initialized` (set when
+//!   the tenant apiserver first answers, never cleared) instead of
+//!   `initialization`, `updatedReplicas`/`unavailableReplicas` instead of
+//!   `upToDateReplicas`/`availableReplicas`, and `selector` (the
+//!   KamajiControlPlane's labels), the same conditions (v0.19 writes no
+//!   `Available`; it is kept so tests read both alike). Owner references
+//!   name the version served. Either way, Clusters are read in the newest
+//!   `cluster.x-k8s.io` version the management apiserver serves (`v1beta2`,
+//!   else `v1beta1` as under Cluster API v1.10).
 //! - **DataStores**, on demand
 //!   ([`KamajiControlPlaneSimulator::wait_for_data_stores`]): Kamaji does not
 //!   reconcile a TCP until its DataStore (`spec.dataStoreName`) exists and
@@ -96,7 +109,10 @@
 //! rotation, patching infrastructure clusters other than externally managed
 //! KubevirtClusters (see `patch_infrastructure_cluster`), and replicas (the tenant
 //! has one kube-apiserver whatever `spec.replicas` says; status reports
-//! `spec.replicas` as ready).
+//! `spec.replicas` as ready). For v1alpha1, also v0.19's
+//! `InfrastructureClusterPatched` condition, `failureReason`/`failureMessage`,
+//! and its waiting for the Cluster's `infrastructureReady`; the
+//! KamajiControlPlaneTemplate CRD is not installed in either API.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -126,9 +142,7 @@ use crate::upstream::{Binary, KUBE_APISERVER_MINORS};
 /// The kind this simulator serves.
 pub const KAMAJI_CONTROL_PLANE_KIND: &str = "KamajiControlPlane";
 const GROUP: &str = "controlplane.cluster.x-k8s.io";
-const VERSION: &str = "v1alpha2";
-/// The provider's release labels its CRD with the contract it implements.
-const CONTRACT_LABEL: &str = "cluster.x-k8s.io/v1beta2";
+const CAPI_GROUP: &str = "cluster.x-k8s.io";
 const FIELD_MANAGER: &str = "sim-kamaji-control-plane-provider";
 /// How often the simulator looks at KamajiControlPlanes.
 const POLL: Duration = Duration::from_millis(500);
@@ -202,6 +216,8 @@ pub struct TenantControlPlaneOptions {
     /// Service gets an EndpointSlice pointing at it, as Kamaji's Service
     /// has the TCP pods as endpoints. Loopback only when unset.
     pub address: Option<std::net::Ipv4Addr>,
+    /// Which KamajiControlPlane API the simulated provider serves.
+    pub api: KamajiApi,
 }
 
 impl Default for TenantControlPlaneOptions {
@@ -209,7 +225,61 @@ impl Default for TenantControlPlaneOptions {
         Self {
             node_monitor_grace_period: Duration::from_secs(10),
             address: None,
+            api: KamajiApi::default(),
         }
+    }
+}
+
+/// The KamajiControlPlane API generation a provider release serves: each
+/// serves one, with no conversion between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KamajiApi {
+    /// `v1alpha2`, the Cluster API v1beta2 control plane contract (provider
+    /// v0.20.0 and later).
+    #[default]
+    V1alpha2,
+    /// `v1alpha1`, the v1beta1 contract, as provider v0.19.0 serves it and
+    /// Cozystack deploys it (with `spec.network.additionalServicePorts`).
+    V1alpha1,
+}
+
+impl KamajiApi {
+    /// The API version: `v1alpha2` or `v1alpha1`.
+    pub fn version(self) -> &'static str {
+        match self {
+            Self::V1alpha2 => "v1alpha2",
+            Self::V1alpha1 => "v1alpha1",
+        }
+    }
+
+    /// The label the provider's release puts on its CRD, naming the
+    /// Cluster API contract it implements (its value is [`Self::version`]).
+    fn contract_label(self) -> &'static str {
+        match self {
+            Self::V1alpha2 => "cluster.x-k8s.io/v1beta2",
+            Self::V1alpha1 => "cluster.x-k8s.io/v1beta1",
+        }
+    }
+
+    /// The KamajiControlPlane CRD of this API.
+    pub fn crd_path(self) -> PathBuf {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upstream");
+        let folder = match self {
+            Self::V1alpha2 => fixtures.join("kamaji-cp-provider/crds"),
+            Self::V1alpha1 => fixtures.join("cozystack/deployed-crds"),
+        };
+        folder.join("controlplane.cluster.x-k8s.io_kamajicontrolplanes.yaml")
+    }
+
+    fn api_version(self) -> String {
+        format!("{GROUP}/{}", self.version())
+    }
+
+    fn resource(self) -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(GROUP, self.version(), KAMAJI_CONTROL_PLANE_KIND),
+            "kamajicontrolplanes",
+        )
     }
 }
 
@@ -242,18 +312,32 @@ pub struct TenantApiServer {
     pub extra_args: ExtraArgs,
 }
 
-fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(GROUP, VERSION, KAMAJI_CONTROL_PLANE_KIND),
-        "kamajicontrolplanes",
-    )
+/// The Cluster API version to read Clusters in, of those the management
+/// apiserver serves: `v1beta2` (Cluster API v1.11 and later), else `v1beta1`
+/// (v1.10, as Cozystack runs it). The fields read have the same paths in both.
+fn capi_version<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<&'static str> {
+    let served: Vec<&str> = served.into_iter().collect();
+    ["v1beta2", "v1beta1"]
+        .into_iter()
+        .find(|version| served.contains(version))
 }
 
-fn cluster_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
+async fn discover_cluster_resource(client: &kube::Client) -> anyhow::Result<ApiResource> {
+    let groups = client
+        .list_api_groups()
+        .await
+        .context("list the API groups")?;
+    let served = groups
+        .groups
+        .iter()
+        .filter(|group| group.name == CAPI_GROUP)
+        .flat_map(|group| group.versions.iter().map(|v| v.version.as_str()));
+    let version = capi_version(served)
+        .with_context(|| format!("{CAPI_GROUP} v1beta2 or v1beta1 is not served"))?;
+    Ok(ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(CAPI_GROUP, version, "Cluster"),
         "clusters",
-    )
+    ))
 }
 
 fn data_store_resource() -> ApiResource {
@@ -263,22 +347,25 @@ fn data_store_resource() -> ApiResource {
     )
 }
 
-/// The KamajiControlPlane CRD this simulator acts on.
-pub fn crd_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/upstream/kamaji-cp-provider/crds")
-        .join("controlplane.cluster.x-k8s.io_kamajicontrolplanes.yaml")
+/// Installs the default ([`KamajiApi::V1alpha2`]) KamajiControlPlane CRD;
+/// see [`install_crds_for`].
+pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    install_crds_for(client, KamajiApi::default()).await
 }
 
-/// Installs the KamajiControlPlane CRD with the contract label the
-/// provider's release adds, so CAPI reads it as a v1beta2 control plane,
-/// and the labels `clusterctl init --control-plane kamaji` adds, so
-/// `clusterctl move` moves KamajiControlPlanes with their Clusters.
-pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> {
-    let mut crds = manifests::crds_of(manifests::read_documents(&crd_path())?)?;
+/// Installs the KamajiControlPlane CRD of `api` with the contract label the
+/// provider's release adds, so CAPI reads it as a control plane of that
+/// contract, and the labels `clusterctl init --control-plane kamaji` adds,
+/// so `clusterctl move` moves KamajiControlPlanes with their Clusters. The
+/// template CRD is left out: nothing here reads templates.
+pub async fn install_crds_for(
+    client: &kube::Client,
+    api: KamajiApi,
+) -> anyhow::Result<Vec<String>> {
+    let mut crds = manifests::crds_of(manifests::read_documents(&api.crd_path())?)?;
     for crd in &mut crds {
         let labels = crd.metadata.labels.get_or_insert_with(Default::default);
-        labels.insert(CONTRACT_LABEL.into(), VERSION.into());
+        labels.insert(api.contract_label().into(), api.version().into());
         labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());
         labels.insert(
             "cluster.x-k8s.io/provider".into(),
@@ -306,9 +393,35 @@ struct Running {
     failed_upgrade: Option<(String, String)>,
 }
 
+/// A management cluster served, and the Cluster API version its apiserver
+/// serves, discovered on first use: by then a Cluster owns a
+/// KamajiControlPlane, so Cluster API is installed.
+#[derive(Clone)]
+struct Management {
+    client: kube::Client,
+    clusters: Arc<tokio::sync::OnceCell<ApiResource>>,
+}
+
+impl Management {
+    fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            clusters: Arc::default(),
+        }
+    }
+
+    /// Clusters (`cluster.x-k8s.io`) in the version this apiserver serves.
+    async fn cluster_resource(&self) -> anyhow::Result<ApiResource> {
+        self.clusters
+            .get_or_try_init(|| discover_cluster_resource(&self.client))
+            .await
+            .cloned()
+    }
+}
+
 struct Shared {
     /// The management clusters served.
-    clients: std::sync::Mutex<Vec<kube::Client>>,
+    managements: std::sync::Mutex<Vec<Management>>,
     tenants: TenantClusters,
     options: TenantControlPlaneOptions,
     wait_for_data_stores: AtomicBool,
@@ -332,11 +445,11 @@ impl KamajiControlPlaneSimulator {
         tenants: TenantClusters,
         options: TenantControlPlaneOptions,
     ) -> anyhow::Result<Self> {
-        install_crds(&client)
+        install_crds_for(&client, options.api)
             .await
             .context("install the KamajiControlPlane CRD")?;
         let shared = Arc::new(Shared {
-            clients: std::sync::Mutex::new(vec![client]),
+            managements: std::sync::Mutex::new(vec![Management::new(client)]),
             tenants,
             options,
             wait_for_data_stores: AtomicBool::new(false),
@@ -349,14 +462,14 @@ impl KamajiControlPlaneSimulator {
     /// Serves the KamajiControlPlanes of another management cluster too
     /// (installing the CRD there).
     pub async fn serve(&self, client: kube::Client) -> anyhow::Result<()> {
-        install_crds(&client)
+        install_crds_for(&client, self.shared.options.api)
             .await
             .context("install the KamajiControlPlane CRD")?;
         self.shared
-            .clients
+            .managements
             .lock()
-            .expect("clients lock")
-            .push(client);
+            .expect("managements lock")
+            .push(Management::new(client));
         Ok(())
     }
 
@@ -364,7 +477,7 @@ impl KamajiControlPlaneSimulator {
     /// (already served): the source of a finished `clusterctl move`, whose
     /// objects are gone, goes away.
     pub fn serve_only(&self, client: kube::Client) {
-        *self.shared.clients.lock().expect("clients lock") = vec![client];
+        *self.shared.managements.lock().expect("managements lock") = vec![Management::new(client)];
     }
 
     /// Whether a tenant waits, as under Kamaji, until the DataStore its
@@ -446,11 +559,12 @@ async fn run(shared: Arc<Shared>) {
 }
 
 async fn reconcile_all(shared: &Shared) -> anyhow::Result<()> {
-    let clients = shared.clients.lock().expect("clients lock").clone();
-    let mut live: Vec<(kube::Client, String, DynamicObject)> = Vec::new();
+    let managements = shared.managements.lock().expect("managements lock").clone();
+    let mut live: Vec<(Management, String, DynamicObject)> = Vec::new();
     let mut all_answered = true;
-    for client in clients {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource());
+    for management in managements {
+        let api: Api<DynamicObject> =
+            Api::all_with(management.client.clone(), &shared.options.api.resource());
         // A management cluster that stopped answering (the source of a
         // finished move) must not hold up the others.
         let objects = match api.list(&ListParams::default()).await {
@@ -474,7 +588,7 @@ async fn reconcile_all(shared: &Shared) -> anyhow::Result<()> {
                 "{}/{cluster}",
                 object.metadata.namespace.as_deref().unwrap_or_default()
             );
-            live.push((client.clone(), key, object));
+            live.push((management.clone(), key, object));
         }
     }
 
@@ -498,15 +612,15 @@ async fn reconcile_all(shared: &Shared) -> anyhow::Result<()> {
         tracing::info!(cluster = %key, endpoint = %tenant.endpoint, "tenant control plane stopped");
         shared.tenants.remove(&tenant.endpoint);
         let namespace = key.split_once('/').map(|(ns, _)| ns).unwrap_or_default();
-        let clients = shared.clients.lock().expect("clients lock").clone();
-        for client in clients {
-            delete_service(&client, namespace, &tenant.kcp).await;
+        let managements = shared.managements.lock().expect("managements lock").clone();
+        for management in managements {
+            delete_service(&management.client, namespace, &tenant.kcp).await;
         }
         stop_control_plane(tenant.control_plane).await;
     }
 
-    for (client, key, object) in &live {
-        if let Err(error) = reconcile(shared, client, key, object).await {
+    for (management, key, object) in &live {
+        if let Err(error) = reconcile(shared, management, key, object).await {
             tracing::warn!(
                 name = object.metadata.name.as_deref().unwrap_or_default(),
                 error = format!("{error:#}"),
@@ -545,10 +659,12 @@ enum Observed {
 
 async fn reconcile(
     shared: &Shared,
-    client: &kube::Client,
+    management: &Management,
     key: &str,
     object: &DynamicObject,
 ) -> anyhow::Result<()> {
+    let client = &management.client;
+    let kamaji_api = shared.options.api;
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let name = object.metadata.name.clone().unwrap_or_default();
     let cluster = owner_cluster(object).context("no owning Cluster")?;
@@ -556,7 +672,16 @@ async fn reconcile(
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &api_resource());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &kamaji_api.resource());
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &management
+            .cluster_resource()
+            .await
+            .context("discover the Cluster API version")?,
+    );
 
     let observed = {
         let mut running = shared.running.lock().await;
@@ -570,8 +695,9 @@ async fn reconcile(
                 Ok(binary) => match data_store_not_ready(shared, client, object).await {
                     Some(message) => Observed::WaitingForDataStore { message },
                     None => {
+                        let port = service_port(&clusters, &cluster).await;
                         let tenant =
-                            start_tenant(shared, client, object, &cluster, &spec_version, binary)
+                            start_tenant(shared, object, &cluster, &spec_version, binary, port)
                                 .await?;
                         let endpoint = tenant.endpoint.clone();
                         shared.tenants.insert(TenantCluster {
@@ -615,16 +741,17 @@ async fn reconcile(
                 tenant.service_port,
             )
         };
-        ensure_service(client, object, service_port)
+        ensure_service(client, kamaji_api, object, service_port)
             .await
             .context("the tenant control plane Service")?;
         if let Some(address) = shared.options.address {
-            ensure_endpoint_slice(client, object, address, &endpoint)
+            ensure_endpoint_slice(client, kamaji_api, object, address, &endpoint)
                 .await
                 .context("the tenant control plane Service's endpoints")?;
         }
         let secrets = Secrets {
             client,
+            api: kamaji_api,
             owner: object,
             namespace: &namespace,
         };
@@ -677,12 +804,12 @@ async fn reconcile(
             .await
             .context("set spec.controlPlaneEndpoint")?;
         }
-        patch_infrastructure_cluster(client, &namespace, &cluster, &host, port)
+        patch_infrastructure_cluster(client, &clusters, &namespace, &cluster, &host, port)
             .await
             .context("patch the infrastructure cluster")?;
     }
 
-    let status = desired_status(object, &observed);
+    let status = desired_status(object, &observed, kamaji_api);
     if !status_matches(&object.data["status"], &status) {
         api.patch_status(
             &name,
@@ -757,11 +884,11 @@ async fn roll_version(
 /// admin kubeconfigs.
 async fn start_tenant(
     shared: &Shared,
-    client: &kube::Client,
     object: &DynamicObject,
     cluster: &str,
     version: &str,
     binary: Binary,
+    port: u16,
 ) -> anyhow::Result<Running> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
     let name = object.metadata.name.clone().unwrap_or_default();
@@ -817,7 +944,6 @@ async fn start_tenant(
     // kubeadm's admin.conf user is in `kubeadm:cluster-admins`, bound to
     // cluster-admin by the kubeadm phase Kamaji runs in the tenant.
     ensure_cluster_admins_binding(&control_plane.client()).await?;
-    let port = service_port(client, &namespace, cluster).await;
     let admin_kubeconfigs = admin_kubeconfig_data(
         &name,
         &namespace,
@@ -880,10 +1006,9 @@ async fn data_store_not_ready(
 
 /// The TCP Service port: the Cluster's `clusterNetwork.apiServerPort`, as
 /// the provider copies it into the TCP's `networkProfile.port`.
-async fn service_port(client: &kube::Client, namespace: &str, cluster: &str) -> u16 {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &cluster_resource());
-    api.get_opt(cluster)
+async fn service_port(clusters: &Api<DynamicObject>, cluster: &str) -> u16 {
+    clusters
+        .get_opt(cluster)
         .await
         .ok()
         .flatten()
@@ -946,7 +1071,7 @@ fn service_endpoints(kcp: &str, namespace: &str, port: u16) -> Vec<String> {
 /// `serviceType` (Kamaji's default `LoadBalancer`), with `serviceLabels` and
 /// `serviceAnnotations`. Left out: the konnectivity port (no addons run),
 /// `serviceAddress`/external IPs.
-fn desired_service(kcp: &DynamicObject, port: u16) -> Value {
+fn desired_service(kcp: &DynamicObject, port: u16, api: KamajiApi) -> Value {
     let name = kcp.metadata.name.clone().unwrap_or_default();
     let network = &kcp.data["spec"]["network"];
     let mut labels = serde_json::Map::new();
@@ -1015,7 +1140,7 @@ fn desired_service(kcp: &DynamicObject, port: u16) -> Value {
             "labels": labels,
             "annotations": network["serviceAnnotations"].as_object().cloned().unwrap_or_default(),
             "ownerReferences": [{
-                "apiVersion": format!("{GROUP}/{VERSION}"),
+                "apiVersion": api.api_version(),
                 "kind": KAMAJI_CONTROL_PLANE_KIND,
                 "name": name,
                 "uid": kcp.metadata.uid,
@@ -1063,13 +1188,14 @@ fn service_matches(current: &Value, desired: &Value) -> bool {
 /// KamajiControlPlane (standing in for the TCP) so it goes with it.
 async fn ensure_service(
     client: &kube::Client,
+    api: KamajiApi,
     kcp: &DynamicObject,
     port: u16,
 ) -> anyhow::Result<()> {
     let namespace = kcp.metadata.namespace.clone().unwrap_or_default();
     let name = kcp.metadata.name.clone().unwrap_or_default();
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    let desired = desired_service(kcp, port);
+    let desired = desired_service(kcp, port, api);
     if let Some(current) = services.get_opt(&name).await?
         && service_matches(&serde_json::to_value(&current)?, &desired)
     {
@@ -1093,6 +1219,7 @@ async fn ensure_service(
 /// KamajiControlPlane, so it goes with it.
 async fn ensure_endpoint_slice(
     client: &kube::Client,
+    api: KamajiApi,
     kcp: &DynamicObject,
     address: std::net::Ipv4Addr,
     endpoint: &str,
@@ -1111,7 +1238,7 @@ async fn ensure_endpoint_slice(
                 "endpointslice.kubernetes.io/managed-by": "kamaji-simulator.tenantry.dev",
             },
             "ownerReferences": [{
-                "apiVersion": format!("{GROUP}/{VERSION}"),
+                "apiVersion": api.api_version(),
                 "kind": KAMAJI_CONTROL_PLANE_KIND,
                 "name": name,
                 "uid": kcp.metadata.uid,
@@ -1121,15 +1248,16 @@ async fn ensure_endpoint_slice(
         "endpoints": [{ "addresses": [address.to_string()], "conditions": { "ready": true } }],
         "ports": [{ "name": "kube-apiserver", "port": port, "protocol": "TCP" }],
     });
-    let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
         Api::namespaced(client.clone(), &namespace);
-    api.patch(
-        &format!("{name}-tenant-apiserver"),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&slice),
-    )
-    .await
-    .with_context(|| format!("apply EndpointSlice {namespace}/{name}-tenant-apiserver"))?;
+    slices
+        .patch(
+            &format!("{name}-tenant-apiserver"),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&slice),
+        )
+        .await
+        .with_context(|| format!("apply EndpointSlice {namespace}/{name}-tenant-apiserver"))?;
     Ok(())
 }
 
@@ -1250,6 +1378,8 @@ fn capi_labels(cluster: &str, tcp: &str, secret: &str) -> BTreeMap<String, Strin
 /// Writes Secrets owned (controller reference) by a KamajiControlPlane.
 struct Secrets<'a> {
     client: &'a kube::Client,
+    /// The owner's API version, for the owner references.
+    api: KamajiApi,
     owner: &'a DynamicObject,
     namespace: &'a str,
 }
@@ -1288,7 +1418,7 @@ impl Secrets<'_> {
                 "namespace": self.namespace,
                 "labels": labels,
                 "ownerReferences": [{
-                    "apiVersion": format!("{GROUP}/{VERSION}"),
+                    "apiVersion": self.api.api_version(),
                     "kind": KAMAJI_CONTROL_PLANE_KIND,
                     "name": self.owner.metadata.name,
                     "uid": self.owner.metadata.uid,
@@ -1321,19 +1451,15 @@ impl Secrets<'_> {
 /// patched; their provider marks them ready.
 async fn patch_infrastructure_cluster(
     client: &kube::Client,
+    clusters: &Api<DynamicObject>,
     namespace: &str,
     cluster: &str,
     host: &str,
     port: u16,
 ) -> anyhow::Result<()> {
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        namespace,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
-            "clusters",
-        ),
-    );
+    // `spec.infrastructureRef` has `kind` and `name` in both Cluster API
+    // versions (an ObjectReference in v1beta1, a contract-versioned one in
+    // v1beta2).
     let Some(object) = clusters.get_opt(cluster).await? else {
         return Ok(());
     };
@@ -1552,10 +1678,19 @@ fn condition(
     })
 }
 
-/// The v1beta2 control plane contract status, as Kamaji's provider reports
-/// it.
-fn desired_status(object: &DynamicObject, observed: &Observed) -> Value {
-    let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(2);
+/// The control plane contract status of `api`, as Kamaji's provider reports
+/// it: the same conditions in both APIs, the contract's other fields as
+/// each release writes them.
+fn desired_status(object: &DynamicObject, observed: &Observed, api: KamajiApi) -> Value {
+    let conditions = desired_conditions(object, observed);
+    match api {
+        KamajiApi::V1alpha2 => v1beta2_contract_status(object, observed, conditions),
+        KamajiApi::V1alpha1 => v1beta1_contract_status(object, observed, conditions),
+    }
+}
+
+/// The provider's conditions, keeping each one's `lastTransitionTime`.
+fn desired_conditions(object: &DynamicObject, observed: &Observed) -> Vec<Value> {
     let generation = object.metadata.generation.unwrap_or_default();
     let current = &object.data["status"]["conditions"];
     let step = |type_: &str, failure: Option<&str>| match failure {
@@ -1567,7 +1702,41 @@ fn desired_status(object: &DynamicObject, observed: &Observed) -> Value {
         condition(current, "Available", up, reason, "", generation)
     };
     match observed {
-        Observed::Serving { version, refused } => json!({
+        Observed::Serving { refused, .. } => vec![
+            step("TenantControlPlaneCreated", refused.as_deref()),
+            step("TenantControlPlaneAddressReady", None),
+            step("ControlPlaneEndpointPatched", None),
+            step("KamajiControlPlaneIsInitialized", None),
+            step("KubeadmResourcesCreated", None),
+            step("KamajiControlPlaneIsReady", None),
+            available(true),
+        ],
+        Observed::Refused { message } => vec![
+            step("TenantControlPlaneCreated", Some(message)),
+            available(false),
+        ],
+        Observed::WaitingForDataStore { message } => vec![
+            step("TenantControlPlaneCreated", None),
+            step(
+                "TenantControlPlaneAddressReady",
+                Some(&format!(
+                    "Control Plane Endpoint is not yet available since unprocessed by Kamaji ({message})"
+                )),
+            ),
+            available(false),
+        ],
+    }
+}
+
+/// The v1beta2 control plane contract (`v1alpha2`).
+fn v1beta2_contract_status(
+    object: &DynamicObject,
+    observed: &Observed,
+    conditions: Vec<Value>,
+) -> Value {
+    let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(2);
+    match observed {
+        Observed::Serving { version, .. } => json!({
             "externalManagedControlPlane": true,
             "initialization": { "controlPlaneInitialized": true },
             "ready": true,
@@ -1576,43 +1745,73 @@ fn desired_status(object: &DynamicObject, observed: &Observed) -> Value {
             "readyReplicas": replicas,
             "availableReplicas": replicas,
             "upToDateReplicas": replicas,
-            "conditions": [
-                step("TenantControlPlaneCreated", refused.as_deref()),
-                step("TenantControlPlaneAddressReady", None),
-                step("ControlPlaneEndpointPatched", None),
-                step("KamajiControlPlaneIsInitialized", None),
-                step("KubeadmResourcesCreated", None),
-                step("KamajiControlPlaneIsReady", None),
-                available(true),
-            ],
+            "conditions": conditions,
         }),
         // The CRD requires `ready` and `version` in any status; the
         // provider's Go struct writes them as `false` and `""` until the TCP
         // is ready.
-        Observed::Refused { message } => json!({
+        Observed::Refused { .. } | Observed::WaitingForDataStore { .. } => json!({
             "externalManagedControlPlane": true,
             "ready": false,
             "version": "",
-            "conditions": [
-                step("TenantControlPlaneCreated", Some(message)),
-                available(false),
-            ],
+            "conditions": conditions,
         }),
-        Observed::WaitingForDataStore { message } => json!({
+    }
+}
+
+/// The v1beta1 control plane contract (`v1alpha1`, provider v0.19.0):
+/// `initialized` where v1beta2 has `initialization`, `updatedReplicas` and
+/// `unavailableReplicas` where it has `upToDateReplicas` and
+/// `availableReplicas`, and a `selector`. The CRD requires all of them but
+/// the conditions; the provider's Go struct writes zero values until the
+/// TCP is ready.
+fn v1beta1_contract_status(
+    object: &DynamicObject,
+    observed: &Observed,
+    conditions: Vec<Value>,
+) -> Value {
+    let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(2);
+    match observed {
+        Observed::Serving { version, .. } => json!({
             "externalManagedControlPlane": true,
+            "initialized": true,
+            "ready": true,
+            "version": version,
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "updatedReplicas": replicas,
+            "unavailableReplicas": 0,
+            "selector": label_selector(object),
+            "conditions": conditions,
+        }),
+        Observed::Refused { .. } | Observed::WaitingForDataStore { .. } => json!({
+            "externalManagedControlPlane": true,
+            // The provider sets it once the TCP first reports its version
+            // ready, and never clears it.
+            "initialized": object.data["status"]["initialized"] == true,
             "ready": false,
             "version": "",
-            "conditions": [
-                step("TenantControlPlaneCreated", None),
-                step(
-                    "TenantControlPlaneAddressReady",
-                    Some(&format!(
-                        "Control Plane Endpoint is not yet available since unprocessed by Kamaji ({message})"
-                    )),
-                ),
-                available(false),
-            ],
+            "replicas": 0,
+            "readyReplicas": 0,
+            "updatedReplicas": 0,
+            "unavailableReplicas": 0,
+            "selector": "",
+            "conditions": conditions,
         }),
+    }
+}
+
+/// `status.selector` as provider v0.19.0 writes it (for the scale
+/// subresource): the KamajiControlPlane's own labels, formatted as
+/// `metav1.FormatLabelSelector` does, `<none>` when it has none.
+fn label_selector(object: &DynamicObject) -> String {
+    match &object.metadata.labels {
+        Some(labels) if !labels.is_empty() => labels
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => "<none>".into(),
     }
 }
 
@@ -1640,7 +1839,7 @@ mod tests {
     }
 
     fn kcp(version: &str) -> DynamicObject {
-        let mut object = DynamicObject::new("demo", &api_resource());
+        let mut object = DynamicObject::new("demo", &KamajiApi::V1alpha2.resource());
         object.data = json!({ "spec": { "version": version, "replicas": 2 } });
         object
     }
@@ -1652,11 +1851,11 @@ mod tests {
             version: "v1.35.0".into(),
             refused: None,
         };
-        let first = desired_status(&object, &observed);
+        let first = desired_status(&object, &observed, KamajiApi::V1alpha2);
         object.data["status"] = first.clone();
         assert!(status_matches(
             &object.data["status"],
-            &desired_status(&object, &observed)
+            &desired_status(&object, &observed, KamajiApi::V1alpha2)
         ));
     }
 
@@ -1669,6 +1868,7 @@ mod tests {
                 version: "v1.34.2".into(),
                 refused: Some("no build".into()),
             },
+            KamajiApi::V1alpha2,
         );
         assert_eq!(status["version"], "v1.34.2");
         assert_eq!(status["ready"], true);
@@ -1687,12 +1887,213 @@ mod tests {
         assert_eq!(available["status"], "True");
     }
 
+    /// The status schema of `api`'s KamajiControlPlane CRD.
+    fn status_schema(api: KamajiApi) -> Value {
+        let crd = manifests::read_documents(&api.crd_path())
+            .unwrap()
+            .into_iter()
+            .find(|d| d["kind"] == "CustomResourceDefinition")
+            .unwrap();
+        let version = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == api.version())
+            .unwrap()
+            .clone();
+        version["schema"]["openAPIV3Schema"]["properties"]["status"].clone()
+    }
+
+    /// Every field the CRD requires is there, and nothing it would prune.
+    fn assert_fits(status: &Value, schema: &Value) {
+        for required in schema["required"].as_array().unwrap() {
+            let field = required.as_str().unwrap();
+            assert!(status.get(field).is_some(), "{field} missing in {status}");
+        }
+        for field in status.as_object().unwrap().keys() {
+            assert!(
+                schema["properties"].get(field).is_some(),
+                "{field} is not in the CRD"
+            );
+        }
+    }
+
+    fn every_observation() -> [Observed; 3] {
+        [
+            Observed::Serving {
+                version: "v1.35.0".into(),
+                refused: None,
+            },
+            Observed::Refused {
+                message: "no build".into(),
+            },
+            Observed::WaitingForDataStore {
+                message: "DataStore default does not exist".into(),
+            },
+        ]
+    }
+
+    fn condition_types(status: &Value) -> Vec<(String, String)> {
+        status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["type"].to_string(), c["reason"].to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn each_api_writes_what_its_crd_holds() {
+        for api in [KamajiApi::V1alpha2, KamajiApi::V1alpha1] {
+            let schema = status_schema(api);
+            for observed in every_observation() {
+                assert_fits(&desired_status(&kcp("v1.35.0"), &observed, api), &schema);
+            }
+        }
+    }
+
+    #[test]
+    fn v1alpha1_status_is_the_v1beta1_contract() {
+        let mut object = kcp("v1.35.0");
+        object.metadata.labels = Some(BTreeMap::from([
+            ("team".to_string(), "a".to_string()),
+            (
+                "cluster.x-k8s.io/cluster-name".to_string(),
+                "demo".to_string(),
+            ),
+        ]));
+        let observed = Observed::Serving {
+            version: "v1.35.0".into(),
+            refused: None,
+        };
+        let status = desired_status(&object, &observed, KamajiApi::V1alpha1);
+        assert_eq!(status["ready"], true);
+        assert_eq!(status["initialized"], true);
+        assert_eq!(status["externalManagedControlPlane"], true);
+        assert_eq!(status["version"], "v1.35.0");
+        assert_eq!(status["replicas"], 2);
+        assert_eq!(status["readyReplicas"], 2);
+        assert_eq!(status["updatedReplicas"], 2);
+        assert_eq!(status["unavailableReplicas"], 0);
+        assert_eq!(
+            status["selector"],
+            "cluster.x-k8s.io/cluster-name=demo,team=a"
+        );
+        for v1beta2_only in ["initialization", "availableReplicas", "upToDateReplicas"] {
+            assert!(status.get(v1beta2_only).is_none(), "{v1beta2_only}");
+        }
+        // The same conditions as v1alpha2.
+        let v1alpha2 = desired_status(&object, &observed, KamajiApi::V1alpha2);
+        assert_eq!(condition_types(&status), condition_types(&v1alpha2));
+        assert!(v1alpha2.get("initialized").is_none());
+        assert_eq!(v1alpha2["initialization"]["controlPlaneInitialized"], true);
+
+        object.metadata.labels = None;
+        let status = desired_status(&object, &observed, KamajiApi::V1alpha1);
+        assert_eq!(status["selector"], "<none>");
+    }
+
+    #[test]
+    fn v1alpha1_initialized_stays_true_once_set() {
+        let mut object = kcp("v1.35.0");
+        for observed in &every_observation()[1..] {
+            let status = desired_status(&object, observed, KamajiApi::V1alpha1);
+            assert_eq!(status["initialized"], false, "{observed:?}");
+            assert_eq!(status["ready"], false);
+        }
+        object.data["status"] = desired_status(
+            &object,
+            &Observed::Serving {
+                version: "v1.35.0".into(),
+                refused: None,
+            },
+            KamajiApi::V1alpha1,
+        );
+        for observed in &every_observation()[1..] {
+            let status = desired_status(&object, observed, KamajiApi::V1alpha1);
+            assert_eq!(status["initialized"], true, "{observed:?}");
+            assert_eq!(status["ready"], false);
+        }
+    }
+
+    #[test]
+    fn v1alpha1_status_is_stable_once_written() {
+        let mut object = kcp("v1.35.0");
+        for observed in every_observation() {
+            object.data["status"] = desired_status(&object, &observed, KamajiApi::V1alpha1);
+            assert!(status_matches(
+                &object.data["status"],
+                &desired_status(&object, &observed, KamajiApi::V1alpha1)
+            ));
+        }
+    }
+
+    #[test]
+    fn owned_objects_name_the_kamaji_api_served() {
+        let mut object =
+            DynamicObject::new("kubernetes-demo", &KamajiApi::V1alpha1.resource()).within("t");
+        object.data = json!({ "spec": {} });
+        for api in [KamajiApi::V1alpha2, KamajiApi::V1alpha1] {
+            let service = desired_service(&object, 6443, api);
+            assert_eq!(
+                service["metadata"]["ownerReferences"][0]["apiVersion"],
+                format!("controlplane.cluster.x-k8s.io/{}", api.version())
+            );
+        }
+    }
+
+    #[test]
+    fn the_v1alpha1_crd_has_the_spec_fields_the_simulator_reads() {
+        let crd = manifests::read_documents(&KamajiApi::V1alpha1.crd_path())
+            .unwrap()
+            .remove(0);
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(version["name"], "v1alpha1");
+        let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for path in [
+            "version",
+            "replicas",
+            "dataStoreName",
+            "controlPlaneEndpoint",
+            "apiServer.extraArgs",
+            "network.serviceType",
+            "network.serviceLabels",
+            "network.serviceAnnotations",
+            "network.additionalServicePorts",
+            "network.loadBalancerConfig",
+        ] {
+            let mut field = spec;
+            for (i, part) in path.split('.').enumerate() {
+                if i > 0 {
+                    field = &field["properties"];
+                }
+                field = &field[part];
+            }
+            assert!(field.is_object(), "spec.{path} is not in the v1alpha1 CRD");
+        }
+        assert_eq!(
+            crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta1"],
+            "v1alpha1"
+        );
+    }
+
+    #[test]
+    fn clusters_are_read_in_the_newest_cluster_api_version_served() {
+        assert_eq!(capi_version(["v1beta1", "v1beta2"]), Some("v1beta2"));
+        assert_eq!(capi_version(["v1beta1"]), Some("v1beta1"));
+        assert_eq!(capi_version(["v1alpha4"]), None);
+    }
+
     #[test]
     fn an_unsupported_version_starts_nothing_and_says_what_runs() {
         let message = apiserver_for_version("v1.33.4").unwrap_err();
         assert!(message.contains("v1.33.4"), "{message}");
         assert!(message.contains("v1.34, v1.35"), "{message}");
-        let status = desired_status(&kcp("v1.33.4"), &Observed::Refused { message });
+        let status = desired_status(
+            &kcp("v1.33.4"),
+            &Observed::Refused { message },
+            KamajiApi::V1alpha2,
+        );
         assert_eq!(status["ready"], false);
         assert_eq!(status["version"], "");
         assert!(status.get("initialization").is_none());
@@ -1790,7 +2191,8 @@ mod tests {
 
     #[test]
     fn the_service_fronts_the_apiserver_and_the_additional_ports() {
-        let mut object = DynamicObject::new("kubernetes-demo", &api_resource()).within("tenant-a");
+        let mut object = DynamicObject::new("kubernetes-demo", &KamajiApi::V1alpha2.resource())
+            .within("tenant-a");
         object.metadata.uid = Some("kcp-uid".into());
         object.data = json!({ "spec": { "network": {
             "serviceType": "ClusterIP",
@@ -1799,7 +2201,7 @@ mod tests {
                 "name": "talos-trustd", "port": 50001, "protocol": "TCP", "targetPort": 50001,
             }],
         }}});
-        let service = desired_service(&object, 6443);
+        let service = desired_service(&object, 6443, KamajiApi::V1alpha2);
         assert_eq!(service["metadata"]["name"], "kubernetes-demo");
         assert_eq!(service["metadata"]["namespace"], "tenant-a");
         assert_eq!(service["metadata"]["labels"]["team"], "a");
@@ -1832,9 +2234,10 @@ mod tests {
 
     #[test]
     fn the_service_defaults_to_a_load_balancer_as_kamaji_does() {
-        let mut object = DynamicObject::new("kubernetes-demo", &api_resource()).within("tenant-a");
+        let mut object = DynamicObject::new("kubernetes-demo", &KamajiApi::V1alpha2.resource())
+            .within("tenant-a");
         object.data = json!({ "spec": {} });
-        let service = desired_service(&object, 443);
+        let service = desired_service(&object, 443, KamajiApi::V1alpha2);
         assert_eq!(service["spec"]["type"], "LoadBalancer");
         assert_eq!(service["spec"]["allocateLoadBalancerNodePorts"], true);
         assert_eq!(service["spec"]["ports"][0]["port"], 443);

@@ -15,7 +15,9 @@
 //!   `spec.version` moves to the next minor; Kamaji's
 //!   `<kcp>-admin-kubeconfig` Secret, the `<cluster>-kubeconfig` and
 //!   `<cluster>-ca` Secrets CAPI reads, the `<kcp>` Service in front of it,
-//!   its endpoint and the v1beta2 control plane contract status.
+//!   its endpoint and the control plane contract status: v1beta2 for
+//!   `v1alpha2`, or v1beta1 for `v1alpha1` ([`KamajiApi`], the provider
+//!   release Cozystack deploys).
 //! - [`EtcdSimulator`] plays etcd-operator for `EtcdCluster` objects and
 //!   Kamaji's DataStore controller for `DataStore` objects: available and
 //!   ready once the Secrets they reference exist, unavailable on demand.
@@ -64,9 +66,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 pub use control_plane::{
-    ExtraArgs, KAMAJI_CONTROL_PLANE_KIND, KAMAJI_OWNED_APISERVER_FLAGS,
+    ExtraArgs, KAMAJI_CONTROL_PLANE_KIND, KAMAJI_OWNED_APISERVER_FLAGS, KamajiApi,
     KamajiControlPlaneSimulator, TenantApiServer, TenantControlPlaneOptions, VersionChange,
-    apiserver_for_version, install_crds as install_kamaji_crds, split_extra_args, version_change,
+    apiserver_for_version, install_crds as install_kamaji_crds,
+    install_crds_for as install_kamaji_crds_for, split_extra_args, version_change,
 };
 pub use etcd::{
     DATA_STORE_FINALIZER, ETCD_FAULT_ANNOTATION, EtcdFault, EtcdSimulator,

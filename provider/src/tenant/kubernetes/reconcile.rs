@@ -194,8 +194,11 @@ pub async fn cleanup(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Actio
         ));
     }
 
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &ctx.capi.resource(CapiKind::Cluster));
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &ctx.capi.resource(CapiKind::Cluster),
+    );
     if act::delete_if_present(&clusters, &cluster).await? {
         return Err(Error::Waiting(
             format!("Cluster {cluster} is being deleted"),

@@ -151,8 +151,11 @@ pub(super) async fn collect_old_templates(
     current: &str,
 ) -> Result<(), Error> {
     let templates: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
-    let sets: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &generation.resource(CapiKind::MachineSet));
+    let sets: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &generation.resource(CapiKind::MachineSet),
+    );
     let selector = format!("{}={}", pool::DEPLOYMENT_NAME_LABEL, names.objects);
     let in_use: BTreeSet<String> = sets
         .list(&ListParams::default().labels(&selector))

@@ -273,8 +273,11 @@ pub async fn cleanup_pool(pool: Arc<KubernetesNodes>, ctx: &Context) -> Result<A
         &namespace,
         &ctx.capi.resource(CapiKind::MachineDeployment),
     );
-    let machines: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &ctx.capi.resource(CapiKind::Machine));
+    let machines: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &ctx.capi.resource(CapiKind::Machine),
+    );
     let deployment_gone = !delete_if_present(&deployments, &names.objects).await?;
     let selector = format!("{}={}", pool::DEPLOYMENT_NAME_LABEL, names.objects);
     let left = machines
