@@ -151,6 +151,22 @@ impl World {
             .to_string()
     }
 
+    /// Deletes the `Kubernetes` object and waits until it is gone.
+    async fn delete_and_wait_gone(&self) {
+        self.kubernetes()
+            .delete(NAME, &DeleteParams::default())
+            .await
+            .expect("delete");
+        fixtures::wait_for_absence(
+            &self.kubernetes(),
+            NAME,
+            "the Kubernetes object to be gone",
+            DEADLINE,
+        )
+        .await
+        .unwrap_or_else(|e| self.fail(e, None));
+    }
+
     async fn names(&self, resource: &ApiResource) -> Vec<String> {
         fixtures::dynamic_names(&self.client(), NAMESPACE, resource).await
     }
@@ -262,19 +278,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
     );
 
     // Deletion: nothing of the cluster or its etcd is left.
-    world
-        .kubernetes()
-        .delete(NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
-    fixtures::wait_for_absence(
-        &world.kubernetes(),
-        NAME,
-        "the Kubernetes object to be gone",
-        DEADLINE,
-    )
-    .await
-    .unwrap_or_else(|e| world.fail(e, None));
+    world.delete_and_wait_gone().await;
     let leftovers = [
         resource("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
         resource(
@@ -400,19 +404,7 @@ async fn a_kubernetes_object_runs_on_cluster_api_v1_10_and_kamaji_v1alpha1() {
         "talos-trustd"
     );
 
-    world
-        .kubernetes()
-        .delete(NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
-    fixtures::wait_for_absence(
-        &world.kubernetes(),
-        NAME,
-        "the Kubernetes object to be gone",
-        DEADLINE,
-    )
-    .await
-    .unwrap_or_else(|e| world.fail(e, None));
+    world.delete_and_wait_gone().await;
     assert_eq!(
         world.parts.kamaji().running().await,
         0,

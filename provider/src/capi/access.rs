@@ -186,23 +186,19 @@ pub fn cache_watch<K: CapiObject>(
     (store, stream)
 }
 
-/// A watch of `K` in the served version that keeps no cache: what a
-/// controller's `watches` would be, converting v1beta1 objects.
-pub fn watch<K: CapiObject>(
-    client: &kube::Client,
-    generation: CapiGeneration,
-    config: &ManagerConfig,
-    watcher_config: watcher::Config,
-) -> CapiWatch<K> {
+/// A watch of `K` in the version `ctx`'s manager reads, keeping no cache:
+/// what a controller's `watches` would be, converting v1beta1 objects.
+pub fn watch<K: CapiObject>(ctx: &crate::reconciler::Context) -> CapiWatch<K> {
     use kube::runtime::WatchStreamExt;
+    let (client, config, generation) = (&ctx.client, &ctx.config, ctx.capi);
     if generation == CapiGeneration::V1beta2 {
-        return watcher(config.api::<K>(client), watcher_config)
+        return watcher(config.api::<K>(client), config.watcher_config())
             .backoff(crate::reconciler::watch_backoff())
             .touched_objects()
             .boxed();
     }
     let api = dynamic_api(client, generation, K::KIND, config.namespace.as_deref());
-    watcher(api, watcher_config)
+    watcher(api, config.watcher_config())
         .backoff(crate::reconciler::watch_backoff())
         .map(move |event| event.and_then(|event| decode_event::<K>(generation, event)))
         .touched_objects()

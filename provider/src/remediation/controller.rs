@@ -117,12 +117,7 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         // A remediation is named after its Machine: the Machine's health
         // and deletion wake it up.
         .watches_stream(
-            crate::capi::access::watch::<Machine>(
-                &client,
-                ctx.base.capi,
-                &config,
-                config.watcher_config(),
-            ),
+            crate::capi::access::watch::<Machine>(&ctx.base),
             |machine| {
                 (machine.spec.infrastructure_ref.kind == K::SUBSTRATE.machine_kind()).then(|| {
                     ObjectRef::new(machine.metadata.name.as_deref().unwrap_or_default())
@@ -132,12 +127,7 @@ async fn run<K: RemediationObject>(base: Arc<Context>) {
         )
         // Unpausing a Cluster concerns all of its remediations.
         .watches_stream(
-            crate::capi::access::watch::<Cluster>(
-                &client,
-                ctx.base.capi,
-                &config,
-                config.watcher_config(),
-            ),
+            crate::capi::access::watch::<Cluster>(&ctx.base),
             move |cluster| {
                 let name = cluster.metadata.name.clone().unwrap_or_default();
                 let namespace = cluster.metadata.namespace.clone().unwrap_or_default();

@@ -87,12 +87,7 @@ pub async fn run(base: Arc<Context>) {
     let controller = controller
         .owns(config.api::<Service>(&client), service_config)
         .watches_stream(
-            crate::capi::access::watch::<Cluster>(
-                &client,
-                ctx.base.capi,
-                &config,
-                config.watcher_config(),
-            ),
+            crate::capi::access::watch::<Cluster>(&ctx.base),
             |cluster| {
                 let reference = cluster.spec.infrastructure_ref.as_ref()?;
                 (reference.kind == "KubevirtCluster").then(|| {

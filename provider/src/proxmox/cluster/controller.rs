@@ -70,12 +70,7 @@ pub async fn run(base: Arc<Context>) {
     let ctx = Arc::new(ClusterContext::new(base));
     let controller = controller
         .watches_stream(
-            crate::capi::access::watch::<Cluster>(
-                &client,
-                ctx.base.capi,
-                &config,
-                config.watcher_config(),
-            ),
+            crate::capi::access::watch::<Cluster>(&ctx.base),
             |cluster| {
                 let reference = cluster.spec.infrastructure_ref.as_ref()?;
                 (reference.kind == "ProxmoxCluster").then(|| {
