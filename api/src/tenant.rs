@@ -391,17 +391,15 @@ impl KubernetesVersion {
     }
 
     /// The patch release the control plane and the kubelets run for this
-    /// minor. v1.31 to v1.34 are the patches the Cozystack chart pins
-    /// (`files/versions.yaml`); v1.35 is v1.35.4, the release tenantry's own
-    /// test apiserver is built from (`hack/upstream/kubernetes`), so the
-    /// version a test asks for is the version it gets.
+    /// minor: the patches the Cozystack chart pins (`files/versions.yaml`),
+    /// so a cluster moved from the platform's chart keeps its version.
     pub fn pinned_patch(self) -> &'static str {
         match self {
             Self::V1_31 => "v1.31.14",
             Self::V1_32 => "v1.32.13",
             Self::V1_33 => "v1.33.13",
             Self::V1_34 => "v1.34.9",
-            Self::V1_35 => "v1.35.4",
+            Self::V1_35 => "v1.35.6",
         }
     }
 }
@@ -1556,7 +1554,7 @@ mod tests {
                 "{version} pins {patch}"
             );
         }
-        assert_eq!(KubernetesVersion::default().pinned_patch(), "v1.35.4");
+        assert_eq!(KubernetesVersion::default().pinned_patch(), "v1.35.6");
     }
 
     #[test]

@@ -171,6 +171,10 @@ pub struct ControlPlane {
     apiserver_args: Vec<String>,
     apiserver_log: PathBuf,
     audit_log: Option<PathBuf>,
+    /// The names the serving certificate always carries (not the
+    /// `extra_serving_names`), and where it is.
+    serving_names: Vec<String>,
+    pki: PathBuf,
     ca: CertificateAuthority,
     server_url: String,
     kubeconfig_path: PathBuf,
@@ -243,13 +247,16 @@ impl ControlPlane {
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
         ];
-        serving_names.extend(options.extra_serving_names.iter().map(String::as_str));
         let node_ip = options.pods.as_ref().map(|p| p.node_ip.to_string());
         serving_names.extend(node_ip.as_deref());
         let address = options.address.map(|a| a.to_string());
         serving_names.extend(address.as_deref());
-        let serving = ca.issue_server("kube-apiserver", &serving_names)?;
-        let (serving_cert, serving_key) = serving.write(&pki, "apiserver")?;
+        let serving_names: Vec<String> = serving_names.into_iter().map(String::from).collect();
+        let (serving_cert, serving_key) = issue_serving(
+            &ca,
+            &pki,
+            serving_names.iter().chain(&options.extra_serving_names),
+        )?;
         // The front proxy (aggregation layer) has a CA of its own, as kubeadm
         // sets it up; the apiserver publishes it in
         // kube-system/extension-apiserver-authentication, which aggregated
@@ -500,6 +507,8 @@ impl ControlPlane {
             apiserver_args,
             apiserver_log,
             audit_log,
+            serving_names,
+            pki,
             ca,
             server_url,
             kubeconfig_path,
@@ -665,6 +674,23 @@ impl ControlPlane {
         }
     }
 
+    /// Re-issues the apiserver's serving certificate for its own names plus
+    /// `extra_names` (DNS names or IP addresses; they replace the
+    /// `extra_serving_names` it started with) and restarts kube-apiserver
+    /// on it, as Kamaji rolls the apiserver pods when a tenant's certSANs
+    /// change.
+    pub async fn reissue_serving_certificate(
+        &mut self,
+        extra_names: &[String],
+    ) -> anyhow::Result<()> {
+        issue_serving(
+            &self.ca,
+            &self.pki,
+            self.serving_names.iter().chain(extra_names),
+        )?;
+        self.restart_apiserver().await
+    }
+
     /// Restarts kube-apiserver as it runs now (same build, flags, etcd data
     /// and port), as a crashed or rescheduled apiserver pod comes back; see
     /// [`Self::restart_apiserver_with`].
@@ -821,4 +847,21 @@ current-context: {name}
         cert = BASE64.encode(cert_pem),
         key = BASE64.encode(key_pem),
     )
+}
+
+/// Issues the apiserver's serving certificate for `names` into `pki`
+/// (`apiserver.crt`, `apiserver.key`).
+fn issue_serving<'a>(
+    ca: &CertificateAuthority,
+    pki: &Path,
+    names: impl IntoIterator<Item = &'a String>,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let mut unique: Vec<&str> = Vec::new();
+    for name in names {
+        if !unique.contains(&name.as_str()) {
+            unique.push(name);
+        }
+    }
+    ca.issue_server("kube-apiserver", &unique)?
+        .write(pki, "apiserver")
 }

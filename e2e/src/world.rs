@@ -31,6 +31,7 @@ use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::kubevirt_upstream::VirtApi;
 use crate::logs;
 use crate::pve_lab::PveLab;
+use crate::sim::ingress::IngressController;
 use crate::sim::kubevirt::{
     ImageFactory, ImageFactoryConfig, KubevirtSimConfig, KubevirtSimulator,
 };
@@ -67,6 +68,9 @@ struct TenantSide {
     wait_for_data_stores: bool,
     etcd: bool,
     nodes: Option<NodeSimConfig>,
+    /// An SSL-passthrough ingress controller of this class (and the
+    /// default class, when true) in front of the tenants.
+    ingress: Option<(String, bool)>,
 }
 
 /// What [`World::start`] starts. Each part is off until asked for, except
@@ -93,6 +97,7 @@ pub struct WorldBuilder {
 /// A running world. Field order is drop order: tenant kubelets and
 /// controllers stop before what they talk to, the control plane last.
 pub struct World {
+    ingress: Option<IngressController>,
     nodes: Option<NodeSimulator>,
     tenantry: Option<TenantryManager>,
     cabpt: Option<UpstreamManager>,
@@ -216,6 +221,7 @@ impl WorldBuilder {
             wait_for_data_stores: false,
             etcd: false,
             nodes: None,
+            ingress: None,
         });
         self
     }
@@ -236,6 +242,14 @@ impl WorldBuilder {
     /// the PVE simulator's).
     pub fn nodes(mut self, config: NodeSimConfig) -> Self {
         self.tenant_side_mut().nodes = Some(config);
+        self
+    }
+
+    /// ingress-nginx with SSL passthrough for Ingresses of `class` (the
+    /// cluster's default class when `default_class`), in front of the
+    /// tenant apiservers ([`IngressController`]).
+    pub fn ingress_controller(mut self, class: &str, default_class: bool) -> Self {
+        self.tenant_side_mut().ingress = Some((class.to_string(), default_class));
         self
     }
 
@@ -357,7 +371,7 @@ impl WorldBuilder {
             Some(config) => Some(PveLab::start(config).await),
             None => None,
         };
-        let (kamaji, etcd, nodes) = match self.tenant_side {
+        let (kamaji, etcd, nodes, ingress) = match self.tenant_side {
             Some(side) => {
                 let tenants = TenantClusters::new();
                 let kamaji = started(
@@ -377,6 +391,19 @@ impl WorldBuilder {
                     )),
                     false => None,
                 };
+                let ingress = match side.ingress {
+                    Some((class, default_class)) => Some(started(
+                        "the ingress controller",
+                        IngressController::start(
+                            client.clone(),
+                            tenants.clone(),
+                            &class,
+                            default_class,
+                        )
+                        .await,
+                    )),
+                    None => None,
+                };
                 let nodes = side.nodes.map(|config| {
                     let nodes = NodeSimulator::start(tenants, config);
                     if kubevirt.is_some() {
@@ -387,9 +414,9 @@ impl WorldBuilder {
                     }
                     nodes
                 });
-                (Some(kamaji), etcd, nodes)
+                (Some(kamaji), etcd, nodes, ingress)
             }
-            None => (None, None, None),
+            None => (None, None, None, None),
         };
         let cabpt = match self.cabpt {
             true => Some(started(
@@ -419,6 +446,7 @@ impl WorldBuilder {
             None => None,
         };
         World {
+            ingress,
             nodes,
             tenantry,
             cabpt,
@@ -615,12 +643,27 @@ impl World {
         part(&self.nodes, "tenant nodes")
     }
 
+    pub fn ingress(&self) -> &IngressController {
+        part(&self.ingress, "an ingress controller")
+    }
+
     pub fn tenantry(&self) -> &TenantryManager {
         part(&self.tenantry, "tenantry")
     }
 
     pub fn tenantry_mut(&mut self) -> &mut TenantryManager {
         part_mut(&mut self.tenantry, "tenantry")
+    }
+
+    /// Installs tenantry's CRDs over whatever serves its kinds (a peer
+    /// provider's CRDs, on a takeover) and starts its manager, in a world
+    /// built without it.
+    pub async fn start_tenantry(&mut self, config: ManagerConfig) {
+        assert!(self.tenantry.is_none(), "tenantry runs already");
+        crate::manifests::apply_crds(&self.client(), tenantry_api::crds::all())
+            .await
+            .unwrap_or_else(|e| panic!("install tenantry CRDs: {e:#}"));
+        self.tenantry = Some(TenantryManager::start_with(self.client(), config));
     }
 
     /// Swaps the management side (control plane, Cluster API, IPAM,

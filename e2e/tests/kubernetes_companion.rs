@@ -264,7 +264,7 @@ async fn a_kubernetes_object_runs_upgrades_and_goes_without_a_trace() {
         .expect("upgrade");
     world
         .wait_ready("the cluster to be Ready on v1.35", |k| {
-            k.status.as_ref().and_then(|s| s.version.as_deref()) == Some("v1.35.4")
+            k.status.as_ref().and_then(|s| s.version.as_deref()) == Some("v1.35.6")
         })
         .await;
     let version = world.tenant_version().await;

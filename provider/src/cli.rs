@@ -80,6 +80,11 @@ struct RunArgs {
     /// super-admin.conf for a manager running outside it.
     #[arg(long, default_value = "super-admin.svc")]
     tenant_kubeconfig_key: String,
+    /// IngressClass of the Ingress that publishes a tenant apiserver when
+    /// its namespace names none (annotation namespace.cozystack.io/ingress);
+    /// empty: the cluster's default class.
+    #[arg(long, default_value = "", env = "TENANTRY_TENANT_INGRESS_CLASS")]
+    tenant_ingress_class: String,
     /// How many objects each controller reconciles at once (0: no limit).
     #[arg(long, default_value_t = crate::reconciler::DEFAULT_MAX_CONCURRENT_RECONCILES, env = "TENANTRY_MAX_CONCURRENT_RECONCILES")]
     max_concurrent_reconciles: u16,
@@ -213,6 +218,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
             cert_dir: args.webhook_cert_dir,
         }),
         tenant_kubeconfig_key: Some(args.tenant_kubeconfig_key),
+        tenant_ingress_class: Some(args.tenant_ingress_class).filter(|c| !c.is_empty()),
         max_concurrent_reconciles: Some(args.max_concurrent_reconciles),
         readiness: Default::default(),
         talos_image_factory_url: Some(args.talos_image_factory_url),

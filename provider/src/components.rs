@@ -94,6 +94,11 @@ pub const VARIABLES: &[Variable] = &[
         default: tenantry_api::kubevirt::DEFAULT_IMAGE_FACTORY_URL,
         meaning: "the Talos image factory of `Kubernetes` objects that name none (`--talos-image-factory-url`): their `talos.imageFactoryURL` is set to it at creation",
     },
+    Variable {
+        name: "TENANTRY_TENANT_INGRESS_CLASS",
+        default: "",
+        meaning: "IngressClass of the SSL-passthrough Ingress publishing a tenant apiserver when its namespace's `namespace.cozystack.io/ingress` names none (`--tenant-ingress-class`); empty: the cluster's default class",
+    },
 ];
 
 /// `${NAME:=default}`, as clusterctl (drone/envsubst) reads it. clusterctl
@@ -285,6 +290,7 @@ pub(crate) fn manager_args() -> Vec<String> {
         "--namespace=$(TENANTRY_WATCH_NAMESPACE)".to_string(),
         "--watch-filter=$(TENANTRY_WATCH_FILTER)".to_string(),
         "--talos-image-factory-url=$(TENANTRY_TALOS_IMAGE_FACTORY_URL)".to_string(),
+        "--tenant-ingress-class=$(TENANTRY_TENANT_INGRESS_CLASS)".to_string(),
         format!("--webhook-bind=0.0.0.0:{WEBHOOK_PORT}"),
         format!("--webhook-cert-dir={CERT_DIR}"),
         format!("--health-addr=0.0.0.0:{HEALTH_PORT}"),
@@ -332,6 +338,7 @@ fn deployment(image: &str) -> Value {
                             { "name": "TENANTRY_WATCH_FILTER", "value": variable("TENANTRY_WATCH_FILTER") },
                             { "name": "TENANTRY_LOG_FORMAT", "value": variable("TENANTRY_LOG_FORMAT") },
                             { "name": "TENANTRY_TALOS_IMAGE_FACTORY_URL", "value": variable("TALOS_IMAGE_FACTORY_URL") },
+                            { "name": "TENANTRY_TENANT_INGRESS_CLASS", "value": variable("TENANTRY_TENANT_INGRESS_CLASS") },
                             { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
                             { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
                         ],

@@ -95,10 +95,10 @@ fn a_default_tenant_runs_only_released_images() {
         },
     }));
     let documents = vec![
-        render::kamaji_control_plane(&kubevirt, "tenant-a"),
+        render::kamaji_control_plane(&kubevirt, "tenant-a", &Default::default()),
         render::etcd_cluster("tenant-a"),
         render::data_store("tenant-a"),
-        render::kamaji_control_plane(&proxmox, "tenant-a"),
+        render::kamaji_control_plane(&proxmox, "tenant-a", &Default::default()),
         proxmox_controllers::deployment(&proxmox, proxmox_controllers::ProxmoxController::Csi),
         proxmox_controllers::deployment(&proxmox, proxmox_controllers::ProxmoxController::Ccm),
     ];

@@ -115,6 +115,9 @@ pub(super) fn manager_role() -> Value {
         // Bootstrap data, Proxmox credentials, infrastructure kubeconfigs (read);
         // the cluster SSH key pair and VM user data (written, deleted).
         rule(&[""], &["secrets"], WRITE),
+        // tenant: the tenant's domain and ingress class, which the platform
+        // records on the tenant namespace.
+        rule(&[""], &["namespaces"], &["get"]),
         // kubevirt/cluster: the control-plane Service `<cluster>-lb`.
         rule(&[""], &["services"], WRITE),
         // runtime.rs: kube's event Recorder (events.k8s.io; core for older readers).

@@ -37,6 +37,10 @@ pub struct ManagerConfig {
     /// platform with its own factory or mirror sets it once here instead of
     /// in every object.
     pub talos_image_factory_url: Option<String>,
+    /// The IngressClass of the Ingress publishing a tenant apiserver when
+    /// its namespace names none (`namespace.cozystack.io/ingress`); the
+    /// cluster's default class when unset.
+    pub tenant_ingress_class: Option<String>,
     /// Serve metrics, when set (every replica serves its own).
     pub metrics: Option<crate::metrics::MetricsConfig>,
 }

@@ -133,6 +133,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
+use super::exposure::{self, IngressSpec};
 use super::{TenantCluster, TenantClusters};
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::manifests;
@@ -271,7 +272,7 @@ impl KamajiApi {
         folder.join("controlplane.cluster.x-k8s.io_kamajicontrolplanes.yaml")
     }
 
-    fn api_version(self) -> String {
+    pub(super) fn api_version(self) -> String {
         format!("{GROUP}/{}", self.version())
     }
 
@@ -388,6 +389,11 @@ struct Running {
     extra_args: ExtraArgs,
     /// The `<kcp>-admin-kubeconfig` data, rendered once at start.
     admin_kubeconfigs: BTreeMap<String, String>,
+    /// The SANs of its serving certificate besides the Service names
+    /// ([`exposure::cert_sans`]).
+    cert_sans: Vec<String>,
+    /// Where the public kubeconfigs point: the ingress, when there is one.
+    public_endpoint: Option<(String, u16)>,
     /// A `spec.version` the tenant failed to upgrade to, and why; not tried
     /// again until `spec.version` changes.
     failed_upgrade: Option<(String, String)>,
@@ -686,10 +692,14 @@ async fn reconcile(
     let observed = {
         let mut running = shared.running.lock().await;
         match running.get_mut(key) {
-            Some(tenant) => Observed::Serving {
-                refused: roll_version(tenant, &spec_version, &namespace, &cluster).await,
-                version: tenant.version.clone(),
-            },
+            Some(tenant) => {
+                let refused = roll_version(tenant, &spec_version, &namespace, &cluster).await;
+                roll_certificate(tenant, object, &namespace, &cluster).await?;
+                Observed::Serving {
+                    refused,
+                    version: tenant.version.clone(),
+                }
+            }
             None => match apiserver_for_version(&spec_version) {
                 Err(message) => Observed::Refused { message },
                 Ok(binary) => match data_store_not_ready(shared, client, object).await {
@@ -710,6 +720,9 @@ async fn reconcile(
                         for alias in service_endpoints(&name, &namespace, tenant.service_port) {
                             shared.tenants.alias(&endpoint, &alias);
                         }
+                        if let Some((host, port)) = &tenant.public_endpoint {
+                            shared.tenants.alias(&endpoint, &format!("{host}:{port}"));
+                        }
                         tracing::info!(
                             %namespace, %cluster, %endpoint, version = %spec_version,
                             "tenant control plane running"
@@ -726,7 +739,7 @@ async fn reconcile(
     };
 
     if let Observed::Serving { .. } = observed {
-        let (endpoint, kubeconfig, admin_kubeconfigs, ca_cert, ca_key, service_port) = {
+        let (endpoint, kubeconfig, admin_kubeconfigs, ca_cert, ca_key, service_port, public) = {
             let running = shared.running.lock().await;
             let tenant = running.get(key).context("tenant control plane vanished")?;
             let kubeconfig = std::fs::read_to_string(tenant.control_plane.kubeconfig_path())
@@ -739,11 +752,15 @@ async fn reconcile(
                 ca.cert_pem(),
                 ca.key_pem(),
                 tenant.service_port,
+                tenant.public_endpoint.clone(),
             )
         };
         ensure_service(client, kamaji_api, object, service_port)
             .await
             .context("the tenant control plane Service")?;
+        exposure::reconcile_ingress(client, kamaji_api, object, service_port, FIELD_MANAGER)
+            .await
+            .context("the tenant control plane Ingress")?;
         if let Some(address) = shared.options.address {
             ensure_endpoint_slice(client, kamaji_api, object, address, &endpoint)
                 .await
@@ -788,7 +805,12 @@ async fn reconcile(
             .await
             .context("the CA Secret")?;
 
-        let (host, port) = split_endpoint(&endpoint)?;
+        // The provider writes the ingress hostname (port 443 unless it
+        // names one) as the endpoint when there is one.
+        let (host, port) = match public {
+            Some(public) => public,
+            None => split_endpoint(&endpoint)?,
+        };
         if object.data["spec"]["controlPlaneEndpoint"]["host"]
             .as_str()
             .unwrap_or_default()
@@ -915,12 +937,18 @@ async fn start_tenant(
             "apiServer extraArgs the harness kube-apiserver cannot take"
         );
     }
+    let kcp_value = serde_json::to_value(object)?;
+    let cert_sans = exposure::cert_sans(&kcp_value);
+    let ingress = IngressSpec::of(&kcp_value);
     let options = |args: Vec<String>| ControlPlaneOptions {
         name: format!("tenant-{cluster}"),
         node_monitor_grace_period: Some(shared.options.node_monitor_grace_period),
         extra_apiserver_args: args,
         apiserver_binary: binary,
-        extra_serving_names: service_names(&name, &namespace),
+        extra_serving_names: service_names(&name, &namespace)
+            .into_iter()
+            .chain(cert_sans.iter().cloned())
+            .collect(),
         address: shared.options.address,
         ..Default::default()
     };
@@ -944,13 +972,12 @@ async fn start_tenant(
     // kubeadm's admin.conf user is in `kubeadm:cluster-admins`, bound to
     // cluster-admin by the kubeadm phase Kamaji runs in the tenant.
     ensure_cluster_admins_binding(&control_plane.client()).await?;
-    let admin_kubeconfigs = admin_kubeconfig_data(
-        &name,
-        &namespace,
-        control_plane.server_url(),
-        port,
-        control_plane.ca(),
-    )?;
+    let public_server = match &ingress {
+        Some(ingress) => ingress.server(),
+        None => control_plane.server_url().to_string(),
+    };
+    let admin_kubeconfigs =
+        admin_kubeconfig_data(&name, &namespace, &public_server, port, control_plane.ca())?;
     Ok(Running {
         endpoint: control_plane.server_url().to_string(),
         kcp: name,
@@ -959,8 +986,37 @@ async fn start_tenant(
         version: version.to_string(),
         extra_args,
         admin_kubeconfigs,
+        cert_sans,
+        public_endpoint: ingress.map(|i| (i.host, i.port)),
         failed_upgrade: None,
     })
+}
+
+/// Re-issues a running tenant's serving certificate when the SANs its
+/// KamajiControlPlane asks for changed, as Kamaji rotates the apiserver
+/// certificate and rolls the pods.
+async fn roll_certificate(
+    tenant: &mut Running,
+    object: &DynamicObject,
+    namespace: &str,
+    cluster: &str,
+) -> anyhow::Result<()> {
+    let wanted = exposure::cert_sans(&serde_json::to_value(object)?);
+    if wanted == tenant.cert_sans {
+        return Ok(());
+    }
+    tracing::info!(%namespace, %cluster, sans = ?wanted, "re-issuing the tenant apiserver certificate");
+    let names: Vec<String> = service_names(&tenant.kcp, namespace)
+        .into_iter()
+        .chain(wanted.iter().cloned())
+        .collect();
+    tenant
+        .control_plane
+        .reissue_serving_certificate(&names)
+        .await
+        .with_context(|| format!("roll the apiserver certificate of {namespace}/{cluster}"))?;
+    tenant.cert_sans = wanted;
+    Ok(())
 }
 
 /// Checks that the apiserver answers `/version` with the minor of `binary`.

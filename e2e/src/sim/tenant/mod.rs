@@ -60,6 +60,7 @@
 
 mod control_plane;
 mod etcd;
+mod exposure;
 mod kubelet;
 
 use std::collections::BTreeMap;

@@ -4,6 +4,7 @@ pub mod act;
 pub mod admission;
 pub mod controller;
 pub mod decide;
+pub mod exposure;
 pub mod proxmox_controllers;
 pub mod reconcile;
 pub mod render;

@@ -18,6 +18,7 @@ use tenantry_api::tenant_nodes::KubernetesNodes;
 
 use super::act;
 use super::decide;
+use super::exposure;
 use super::render;
 use super::status::{self, Reason, Report};
 use crate::capi::CapiKind;
@@ -54,6 +55,7 @@ pub async fn apply(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action,
     act::ensure_oidc_secret(client, &kubernetes).await?;
 
     let served = Served::of(ctx).await?;
+    let exposure = exposure::observe(client, &ctx.config, &kubernetes).await?;
     let controller_owner = act::owner_reference(&kubernetes, true);
     let owner = act::owner_reference(&kubernetes, false);
     let applied = async {
@@ -81,7 +83,11 @@ pub async fn apply(kubernetes: Arc<Kubernetes>, ctx: &Context) -> Result<Action,
             Some(&namespace),
             &served.kamaji_control_plane_resource(),
             &act::with_owner(
-                served.kamaji_control_plane(render::kamaji_control_plane(&kubernetes, &data_store)),
+                served.kamaji_control_plane(render::kamaji_control_plane(
+                    &kubernetes,
+                    &data_store,
+                    &exposure,
+                )),
                 &owner,
             ),
         )

@@ -7,6 +7,7 @@
 //! are all `kubernetes-<name>`; the namespace's etcd is `etcd` with the
 //! Kamaji DataStore named after the namespace.
 
+use super::exposure::Exposure;
 use serde_json::{Value, json};
 use tenantry_api::tenant::{
     ComponentResources, ControlPlaneComponent, Kubernetes, OidcMode, ResourceAmounts, Substrate,
@@ -290,7 +291,11 @@ pub fn oidc_secret(kubernetes: &Kubernetes) -> Option<String> {
 }
 
 /// The KamajiControlPlane `kubernetes-<name>` (v1alpha2).
-pub fn kamaji_control_plane(kubernetes: &Kubernetes, data_store: &str) -> Value {
+pub fn kamaji_control_plane(
+    kubernetes: &Kubernetes,
+    data_store: &str,
+    exposure: &Exposure,
+) -> Value {
     let name = kubernetes.metadata.name.as_deref().unwrap_or_default();
     let namespace = kubernetes.metadata.namespace.as_deref().unwrap_or_default();
     let cluster = cluster_name(name);
@@ -360,18 +365,20 @@ pub fn kamaji_control_plane(kubernetes: &Kubernetes, data_store: &str) -> Value 
             "allowPrivilegeEscalation": false,
         },
     });
+    // The Service's names, then the external host and the ClusterIP once
+    // known (Kamaji adds the ingress host too; listing it keeps the
+    // certificate right under providers that do not).
+    let mut cert_sans = service_dns_names(name, namespace);
+    cert_sans.extend(exposure.extra_sans().map(str::to_string));
     let mut network = json!({
         "serviceType": "ClusterIP",
-        "certSANs": service_dns_names(name, namespace),
+        "certSANs": cert_sans,
         "additionalServicePorts": [{
             "name": "talos-trustd", "port": TALOS_TRUSTD_PORT, "protocol": "TCP", "targetPort": TALOS_TRUSTD_PORT,
         }],
     });
-    if let Some(host) = spec.host.as_deref().filter(|h| !h.is_empty()) {
-        network["certSANs"]
-            .as_array_mut()
-            .expect("certSANs is a list")
-            .push(json!(host));
+    if let Some(ingress) = exposure.network_ingress() {
+        network["ingress"] = ingress;
     }
     let mut kcp = json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1alpha2",

@@ -305,7 +305,7 @@ fn the_kubelet_image_follows_the_pools_version_when_it_lags_the_cluster() {
     };
     assert_eq!(
         image(&pool("demo", |_| {})),
-        "ghcr.io/siderolabs/kubelet:v1.35.4"
+        "ghcr.io/siderolabs/kubelet:v1.35.6"
     );
     let lagging = pool("demo", |spec| spec.version = Some(KubernetesVersion::V1_33));
     assert_eq!(

@@ -22,7 +22,7 @@ fn everything_is_named_after_the_cluster() {
         cluster(&k)["spec"]["infrastructureRef"]["kind"],
         "KubevirtCluster"
     );
-    let kcp = kamaji_control_plane(&k, "tenant-a");
+    let kcp = kamaji_control_plane(&k, "tenant-a", &Exposure::default());
     assert_eq!(kcp["metadata"]["name"], "kubernetes-demo");
     assert_eq!(kcp["spec"]["dataStoreName"], "tenant-a");
     assert_eq!(
@@ -36,14 +36,18 @@ fn everything_is_named_after_the_cluster() {
 
 #[test]
 fn the_control_plane_runs_the_pinned_patch_of_the_minor() {
-    let kcp = kamaji_control_plane(&kubernetes(json!({ "version": "v1.34" })), "ds");
+    let kcp = kamaji_control_plane(
+        &kubernetes(json!({ "version": "v1.34" })),
+        "ds",
+        &Exposure::default(),
+    );
     assert_eq!(kcp["spec"]["version"], "v1.34.9");
     assert_eq!(kcp["spec"]["replicas"], 2);
 }
 
 #[test]
 fn presets_fill_resources_with_the_platform_ratios() {
-    let kcp = kamaji_control_plane(&kubernetes(json!({})), "ds");
+    let kcp = kamaji_control_plane(&kubernetes(json!({})), "ds", &Exposure::default());
     // c1.medium: 2 CPUs, 2Gi.
     assert_eq!(
         kcp["spec"]["apiServer"]["resources"],
@@ -52,6 +56,7 @@ fn presets_fill_resources_with_the_platform_ratios() {
     let kcp = kamaji_control_plane(
         &kubernetes(json!({ "controlPlane": { "apiServer": { "resources": { "cpu": "500m" } } } })),
         "ds",
+        &Exposure::default(),
     );
     assert_eq!(
         kcp["spec"]["apiServer"]["resources"]["limits"]["cpu"],
@@ -77,6 +82,7 @@ fn talos_volumes_come_first_and_oidc_mounts_its_config() {
             } },
         })),
         "ds",
+        &Exposure::default(),
     );
     let names: Vec<&str> = kcp["spec"]["deployment"]["extraVolumes"]
         .as_array()
@@ -108,6 +114,7 @@ fn the_csr_signer_reads_the_token_and_serves_trustd() {
     let kcp = kamaji_control_plane(
         &kubernetes(json!({ "images": { "talosCsrSigner": "mirror/signer:v1" } })),
         "ds",
+        &Exposure::default(),
     );
     let signer = &kcp["spec"]["deployment"]["extraContainers"][0];
     assert_eq!(signer["image"], "mirror/signer:v1");
@@ -163,6 +170,43 @@ fn proxmox_clusters_get_the_address_pool_and_credentials() {
 }
 
 #[test]
+fn a_published_apiserver_gets_a_passthrough_ingress_and_its_names() {
+    let exposure = Exposure {
+        host: Some("kubernetes-demo.a.example.org".into()),
+        ingress_class: Some("tenant-a".into()),
+        service_ip: Some("10.96.0.17".into()),
+    };
+    let kcp = kamaji_control_plane(&kubernetes(json!({})), "ds", &exposure);
+    let network = &kcp["spec"]["network"];
+    assert_eq!(network["serviceType"], "ClusterIP");
+    assert_eq!(
+        network["certSANs"],
+        json!([
+            "kubernetes-demo.tenant-a.svc",
+            "kubernetes-demo.tenant-a.svc.cluster.local",
+            "kubernetes-demo.a.example.org",
+            "10.96.0.17",
+        ])
+    );
+    assert_eq!(
+        network["ingress"],
+        json!({
+            "hostname": "kubernetes-demo.a.example.org:443",
+            "className": "tenant-a",
+            "extraAnnotations": { "nginx.ingress.kubernetes.io/ssl-passthrough": "true" },
+        })
+    );
+    assert_eq!(network["additionalServicePorts"][0]["port"], 50001);
+    // Unpublished: no Ingress, the Service's names only.
+    let kcp = kamaji_control_plane(&kubernetes(json!({})), "ds", &Exposure::default());
+    assert!(kcp["spec"]["network"].get("ingress").is_none());
+    assert_eq!(
+        kcp["spec"]["network"]["certSANs"].as_array().unwrap().len(),
+        2
+    );
+}
+
+#[test]
 fn rendered_objects_read_as_the_upstream_kinds() {
     use tenantry_api::generated::etcd_operator::etcd_cluster::EtcdCluster;
     use tenantry_api::generated::kamaji::data_store::DataStore;
@@ -171,7 +215,12 @@ fn rendered_objects_read_as_the_upstream_kinds() {
         "oidc": { "mode": "CustomConfig", "customConfig": { "config": "apiVersion: x" } },
         "controlPlane": { "apiServer": { "admissionControllers": ["PodSecurity"] } },
     }));
-    let kcp = kamaji_control_plane(&k, "tenant-a");
+    let exposure = Exposure {
+        host: Some("kubernetes-demo.a.example.org".into()),
+        ingress_class: Some("tenant-a".into()),
+        service_ip: Some("10.96.0.17".into()),
+    };
+    let kcp = kamaji_control_plane(&k, "tenant-a", &exposure);
     let typed: KamajiControlPlane =
         serde_json::from_value(kcp.clone()).expect("a KamajiControlPlane");
     // Nothing rendered is lost on the way through the generated type:
