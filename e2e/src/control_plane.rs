@@ -676,19 +676,22 @@ impl ControlPlane {
 
     /// Re-issues the apiserver's serving certificate for its own names plus
     /// `extra_names` (DNS names or IP addresses; they replace the
-    /// `extra_serving_names` it started with) and restarts kube-apiserver
-    /// on it, as Kamaji rolls the apiserver pods when a tenant's certSANs
-    /// change.
-    pub async fn reissue_serving_certificate(
-        &mut self,
-        extra_names: &[String],
-    ) -> anyhow::Result<()> {
-        issue_serving(
+    /// `extra_serving_names` it started with). kube-apiserver reloads its
+    /// serving certificate when the files change, so it keeps serving
+    /// throughout, as Kamaji's rolling update of the apiserver pods does
+    /// when a tenant's certSANs change. The new files replace the old ones
+    /// by rename, so the apiserver never reads half a file.
+    pub fn reissue_serving_certificate(&self, extra_names: &[String]) -> anyhow::Result<()> {
+        let staging = self.pki.join("reissue");
+        std::fs::create_dir_all(&staging).context("create the certificate staging folder")?;
+        let (cert, key) = issue_serving(
             &self.ca,
-            &self.pki,
+            &staging,
             self.serving_names.iter().chain(extra_names),
         )?;
-        self.restart_apiserver().await
+        std::fs::rename(&key, self.pki.join("apiserver.key")).context("replace apiserver.key")?;
+        std::fs::rename(&cert, self.pki.join("apiserver.crt")).context("replace apiserver.crt")?;
+        Ok(())
     }
 
     /// Restarts kube-apiserver as it runs now (same build, flags, etcd data

@@ -39,7 +39,10 @@
 //!   `system:masters`); `<cluster>-kubeconfig` (key `value`, what CAPI's
 //!   ClusterCache reads); `<cluster>-ca` (`tls.crt`/`tls.key`, the tenant
 //!   CA, as the provider copies it from `<tcp>-ca`). The apiserver's serving
-//!   certificate also names `<kcp>.<ns>.svc` and friends, as Kamaji's does.
+//!   certificate also names `<kcp>.<ns>.svc` and friends, as Kamaji's does,
+//!   and `spec.network.certSANs`; with `spec.network.ingress` the public
+//!   kubeconfigs and the endpoint name the ingress host, and Kamaji's
+//!   Ingress exists (see `exposure.rs`).
 //! - **The TCP Service**: `<kcp>` in the KamajiControlPlane's namespace,
 //!   owned by it, as Kamaji writes it from what the provider copies out of
 //!   `spec.network`: port `kube-apiserver` (the Service port above), then
@@ -994,7 +997,7 @@ async fn start_tenant(
 
 /// Re-issues a running tenant's serving certificate when the SANs its
 /// KamajiControlPlane asks for changed, as Kamaji rotates the apiserver
-/// certificate and rolls the pods.
+/// certificate and rolls the pods (the apiserver keeps serving).
 async fn roll_certificate(
     tenant: &mut Running,
     object: &DynamicObject,
@@ -1013,8 +1016,7 @@ async fn roll_certificate(
     tenant
         .control_plane
         .reissue_serving_certificate(&names)
-        .await
-        .with_context(|| format!("roll the apiserver certificate of {namespace}/{cluster}"))?;
+        .with_context(|| format!("re-issue the apiserver certificate of {namespace}/{cluster}"))?;
     tenant.cert_sans = wanted;
     Ok(())
 }

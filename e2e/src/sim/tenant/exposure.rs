@@ -7,8 +7,9 @@
 //!   hostname without its port (the provider appends it to the TCP's
 //!   `networkProfile.certSANs`), besides the Service names Kamaji always
 //!   adds. When they change, Kamaji re-issues the certificate and rolls the
-//!   apiserver pods; the simulator restarts the tenant apiserver on the new
-//!   certificate.
+//!   apiserver pods without downtime; the simulator rewrites the tenant
+//!   apiserver's certificate files, which kube-apiserver reloads while it
+//!   serves.
 //! - **The Ingress.** `network.ingress {className, hostname, extraLabels,
 //!   extraAnnotations}` becomes an Ingress named after the TCP in its
 //!   namespace, routing the hostname (port stripped) to the TCP Service's
