@@ -21,11 +21,11 @@
 # rendered with kustomize into $TENANTRY_CACHE/upstream/cluster-api-release;
 # cert-manager's CRDs go to $TENANTRY_CACHE/upstream/cert-manager/crd.
 #
-# The peer providers the benchmark compares tenantry with (capk, capmox) are
-# built only when named: hack/upstream/build.sh capk capmox; their CRDs go to
-# $TENANTRY_CACHE/upstream/<name>/crd.
+# The peer providers tenantry takes clusters over from and is benchmarked
+# against (capk, capmox) are built too; their CRDs and metadata.yaml go to
+# $TENANTRY_CACHE/upstream/<name>/{crd,metadata.yaml}.
 #
-# Usage: hack/upstream/build.sh [name ...]     (default: everything but peers)
+# Usage: hack/upstream/build.sh [name ...]     (default: everything)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -91,13 +91,11 @@ build() {
 	ln -sfn "../$name-$version/$name" "$cache/bin/$link"
 }
 
-# sel <name>: whether <name> was asked for (no arguments asks for everything).
-# peer NAME MODULE PACKAGE: a peer provider's manager and its CRDs
-# (config/crd/bases, copied to upstream/NAME/crd); only when NAME is selected
-# explicitly, since the test suite does not use them.
+# peer NAME MODULE PACKAGE: a peer provider's manager, its CRDs
+# (config/crd/bases, copied to upstream/NAME/crd) and its metadata.yaml.
 peer() {
 	local name="$1" module="$2" pkg="$3"
-	explicit "$name" || return 0
+	sel "$name" || return 0
 	local version
 	version="$(version_of "$name" "$module")"
 	build "$name" "$name" "$pkg" "$version"
@@ -113,12 +111,6 @@ peer() {
 		mv "$config.partial" "$config"
 	fi
 	ln -sfn "$name-$version/config" "$cache/$name"
-}
-
-explicit() {
-	local n
-	for n in "${selected[@]}"; do [[ "$n" == "$1" ]] && return 0; done
-	return 1
 }
 
 sel() {
@@ -417,7 +409,7 @@ main() {
 		build kube-state-metrics kube-state-metrics k8s.io/kube-state-metrics/v2 "$ksm_version" "$ksm_ldflags"
 	fi
 
-	# --- Peer providers, for hack/bench.sh only: built when named ------------
+	# --- Peer providers: the takeover tests and hack/bench.sh -----------------
 	peer capk sigs.k8s.io/cluster-api-provider-kubevirt sigs.k8s.io/cluster-api-provider-kubevirt
 	peer capmox github.com/ionos-cloud/cluster-api-provider-proxmox \
 		github.com/ionos-cloud/cluster-api-provider-proxmox/cmd

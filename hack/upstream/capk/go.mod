@@ -1,7 +1,8 @@
 // Wrapper module: builds cluster-api-provider-kubevirt (CAPK), whose module
-// root is its manager's main package, for the side-by-side benchmark only
-// (hack/bench.sh); the test suite never builds it. v0.1.10 is the newest
-// release the Go module proxy serves here (v0.1.11 and later answer 403).
+// root is its manager's main package, for the takeover test
+// (e2e/tests/takeover_capk.rs) and the side-by-side benchmark
+// (hack/bench.sh). v0.1.10 is the newest release the Go module proxy serves
+// here (v0.1.11 and later answer 403).
 module tenantry.dev/hack/upstream/capk
 
 go 1.26.2

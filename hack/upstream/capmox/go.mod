@@ -1,7 +1,7 @@
 // Wrapper module: builds cluster-api-provider-proxmox (capmox), manager
-// package cmd, for the side-by-side benchmark only (hack/bench.sh); the test
-// suite never builds it. v0.9.0 is the newest release the Go module proxy
-// serves here (v0.9.1 and v0.10.0 answer 403). capmox's own go.mod pins
+// package cmd, for the takeover test (e2e/tests/takeover_capmox.rs) and the
+// side-by-side benchmark (hack/bench.sh). v0.9.0 is the newest release the
+// Go module proxy serves here (v0.9.1 and v0.10.0 answer 403). capmox's own go.mod pins
 // sigs.k8s.io/cluster-api to v1.12.9 with a replace, which a dependent
 // module does not inherit; the proxy refuses v1.12.9's source (403), so the
 // next patch release of the same minor, v1.12.10, stands in for it.

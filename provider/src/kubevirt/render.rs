@@ -110,6 +110,25 @@ pub fn data_volume_name(machine_name: &str, template_name: &str) -> String {
     format!("{machine_name}-{template_name}")
 }
 
+/// The DataVolumes a machine's VM gets from its templates (the Talos boot
+/// disk's included), named as tenantry and CAPK both name them.
+pub fn data_volume_names(machine: &KubevirtMachine) -> Vec<String> {
+    let machine_name = machine.metadata.name.as_deref().unwrap_or_default();
+    let templates = machine
+        .spec
+        .virtual_machine_template
+        .spec
+        .data_volume_templates
+        .iter()
+        .flatten()
+        .filter_map(|template| template.metadata.as_ref()?.get("name")?.as_str());
+    let boot_disk = machine.spec.boot_disk.as_ref().map(|_| TALOS_BOOT_DISK);
+    templates
+        .chain(boot_disk)
+        .map(|template| data_volume_name(machine_name, template))
+        .collect()
+}
+
 /// The VirtualMachine for a KubevirtMachine.
 pub fn desired_virtual_machine(
     machine: &KubevirtMachine,
@@ -191,6 +210,33 @@ pub fn bootstrap_format_of(vm: &VirtualMachine) -> Option<BootstrapFormat> {
         .as_ref()?
         .get(BOOTSTRAP_FORMAT_ANNOTATION)
         .and_then(|name| BootstrapFormat::parse(name))
+}
+
+/// The Secret a VM made by CAPK reads its user data from: CAPK names it
+/// `<bootstrap data Secret>-userdata` (shared by the machines of one
+/// bootstrap Secret) and deletes it with the machine. `None` for a VM
+/// tenantry created (it records the bootstrap format and reads
+/// `<machine>-userdata`).
+pub fn capk_userdata_secret(vm: &VirtualMachine) -> Option<String> {
+    if bootstrap_format_of(vm).is_some() {
+        return None;
+    }
+    let own = format!("{}-userdata", vm.metadata.name.as_deref()?);
+    vm.spec
+        .template
+        .spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|volume| volume.name == CLOUD_INIT_VOLUME)?
+        .cloud_init_config_drive
+        .as_ref()?
+        .secret_ref
+        .as_ref()?
+        .name
+        .clone()
+        .filter(|name| *name != own)
 }
 
 /// Adds the DataVolume template importing the Talos image, and the virtio
@@ -543,6 +589,50 @@ mod tests {
             desired_virtual_machine(&machine, &placement()).unwrap_err(),
             RenderError::BootDiskNameTaken
         );
+    }
+
+    /// A VM as CAPK v0.1 creates it: no bootstrap-format record, the config
+    /// drive reading `<bootstrap data Secret>-userdata`.
+    fn capk_vm(userdata_secret: &str) -> VirtualMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "metadata": { "name": "demo-md-0-abc", "namespace": "tenant-a" },
+            "spec": { "template": { "spec": {
+                "domain": { "devices": {} },
+                "volumes": [
+                    { "name": "boot", "dataVolume": { "name": "demo-md-0-abc-boot" } },
+                    { "name": CLOUD_INIT_VOLUME, "cloudInitConfigDrive": { "secretRef": { "name": userdata_secret } } }
+                ]
+            }}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn data_volumes_are_named_after_the_machine_and_template() {
+        let mut machine = machine(capk_talos_spec());
+        assert_eq!(data_volume_names(&machine), ["demo-md-0-abc-boot-volume"]);
+        machine.spec.boot_disk = Some(TalosBootDisk::default());
+        assert_eq!(
+            data_volume_names(&machine),
+            ["demo-md-0-abc-boot-volume", "demo-md-0-abc-talos-boot"]
+        );
+    }
+
+    #[test]
+    fn capks_userdata_secret_is_found_on_its_vms_only() {
+        assert_eq!(
+            capk_userdata_secret(&capk_vm("demo-worker-bootstrap-userdata")).as_deref(),
+            Some("demo-worker-bootstrap-userdata")
+        );
+        // Tenantry's own Secret, on a VM of a tenantry without the record.
+        assert_eq!(
+            capk_userdata_secret(&capk_vm("demo-md-0-abc-userdata")),
+            None
+        );
+        let vm = desired_virtual_machine(&machine(capk_talos_spec()), &placement()).unwrap();
+        assert_eq!(capk_userdata_secret(&vm), None);
     }
 
     #[test]

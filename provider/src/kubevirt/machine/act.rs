@@ -9,7 +9,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use tenantry_api::generated::cdi::data_volume::DataVolume;
 use tenantry_api::generated::kubevirt::virtual_machine::VirtualMachine;
 use tenantry_api::kubevirt::KubevirtMachine;
@@ -163,15 +163,30 @@ pub async fn delete_machine_objects(
     let mut remains = Remains::default();
     if let Some(vm) = caches.vm(infra, &name).await? {
         remains.virtual_machine = true;
+        // Read from the VM, so looked for while it exists.
+        if let Some(secret) = render::capk_userdata_secret(&vm) {
+            delete_capk_userdata_secret(&vms, &secrets, &secret, &name).await?;
+        }
         if vm.metadata.deletion_timestamp.is_none() {
             delete_ignoring_absent(&vms, &name).await?;
         }
     }
     remains.instance = caches.vmi(infra, &name).await?.is_some();
-    for dv in caches
+    let mut data_volumes = caches
         .data_volumes(infra, &name, &machine_namespace)
-        .await?
-    {
+        .await?;
+    // A VM CAPK made has DataVolumes without the machine's labels, named
+    // as tenantry names them.
+    for dv_name in render::data_volume_names(machine) {
+        if !data_volumes
+            .iter()
+            .any(|dv| dv.metadata.name.as_deref() == Some(dv_name.as_str()))
+            && let Some(dv) = dvs.get_opt(&dv_name).await?
+        {
+            data_volumes.push(dv);
+        }
+    }
+    for dv in data_volumes {
         let dv_name = dv.metadata.name.clone().unwrap_or_default();
         if dv.metadata.deletion_timestamp.is_none() && !remains.virtual_machine {
             delete_ignoring_absent(&dvs, &dv_name).await?;
@@ -193,6 +208,32 @@ pub async fn delete_machine_objects(
         }
     }
     Ok(remains)
+}
+
+/// Deletes the userdata Secret of a machine CAPK created, as CAPK does
+/// with the machine, unless another VM that is not being deleted boots from
+/// it: machines of one bootstrap Secret share it, and CAPK wrote it back on
+/// its next reconcile of a sibling, which tenantry does not.
+async fn delete_capk_userdata_secret(
+    vms: &Api<VirtualMachine>,
+    secrets: &Api<Secret>,
+    secret: &str,
+    machine_name: &str,
+) -> kube::Result<()> {
+    let shared = vms
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|other| {
+            other.metadata.name.as_deref() != Some(machine_name)
+                && other.metadata.deletion_timestamp.is_none()
+                && render::capk_userdata_secret(other).as_deref() == Some(secret)
+        });
+    if shared {
+        return Ok(());
+    }
+    delete_ignoring_absent(secrets, secret).await
 }
 
 async fn delete_ignoring_absent<K>(api: &Api<K>, name: &str) -> kube::Result<()>

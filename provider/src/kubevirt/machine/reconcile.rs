@@ -146,12 +146,10 @@ impl<'a> Run<'a> {
     }
 
     fn is_provisioned(&self) -> bool {
-        self.machine
-            .status
-            .as_ref()
-            .and_then(|s| s.initialization.as_ref())
-            .and_then(|i| i.provisioned)
-            .unwrap_or(false)
+        decide::initially_provisioned(
+            self.machine.status.as_ref(),
+            self.machine.spec.provider_id.as_deref(),
+        )
     }
 
     /// Writes the status a reconcile decided. `initialization.provisioned`

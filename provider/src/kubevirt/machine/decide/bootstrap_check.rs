@@ -84,12 +84,14 @@ pub fn bootstrap_check(
 
 /// Whether an earlier reconcile read `success` from the sentinel. The check
 /// then stands for good, as in CAPK: `/run` is a tmpfs, so the file is gone
-/// after a reboot while the node stays bootstrapped.
+/// after a reboot while the node stays bootstrapped. CAPK marks it True
+/// without a reason, and only once it read the sentinel: a machine taken
+/// over from CAPK is not checked again.
 pub fn bootstrap_confirmed(conditions: &[Condition]) -> bool {
     conditions.iter().any(|c| {
         c.type_ == BOOTSTRAP_EXEC_SUCCEEDED
             && c.status == "True"
-            && c.reason == Reason::BootstrapSentinelFound.as_str()
+            && (c.reason == Reason::BootstrapSentinelFound.as_str() || c.reason.is_empty())
     })
 }
 
@@ -193,6 +195,27 @@ mod tests {
             );
         }
         assert!(BootstrapCheck::Ssh.condition().is_none());
+    }
+
+    #[test]
+    fn a_sentinel_read_by_tenantry_or_capk_confirms_bootstrap() {
+        // As stored by CAPK (a v1beta1 condition: True has no reason).
+        let capk: Condition = serde_json::from_value(json!({
+            "type": BOOTSTRAP_EXEC_SUCCEEDED, "status": "True",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }))
+        .unwrap();
+        assert!(bootstrap_confirmed(std::slice::from_ref(&capk)));
+        let found = Condition {
+            reason: Reason::BootstrapSentinelFound.as_str().into(),
+            ..capk.clone()
+        };
+        assert!(bootstrap_confirmed(&[found]));
+        let disabled = Condition {
+            reason: Reason::BootstrapCheckDisabled.as_str().into(),
+            ..capk
+        };
+        assert!(!bootstrap_confirmed(&[disabled]));
     }
 
     #[test]

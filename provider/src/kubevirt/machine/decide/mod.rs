@@ -11,6 +11,8 @@ use std::time::Duration;
 pub use bootstrap_check::*;
 pub use vm_state::*;
 
+use tenantry_api::kubevirt::KubevirtMachineStatus;
+
 use super::status::Reason;
 use crate::capi::{Cluster, Machine, owner};
 use crate::kubevirt::render::MachineRole;
@@ -88,10 +90,28 @@ pub fn next_look(provisioned: bool, checking_guest: bool, external: bool) -> Dur
     }
 }
 
+/// Whether the machine was provisioned once (the v1beta2 contract's
+/// `initialization.provisioned`, which never goes back to false). CAPK
+/// writes no `initialization`; it sets the providerID once its VM is
+/// ready (and bootstrapped), so a machine taken over from CAPK with one
+/// counts as provisioned.
+pub fn initially_provisioned(
+    status: Option<&KubevirtMachineStatus>,
+    provider_id: Option<&str>,
+) -> bool {
+    match status
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+    {
+        Some(provisioned) => provisioned,
+        None => provider_id.is_some_and(|id| !id.is_empty()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn cluster(initialized: bool) -> Cluster {
         serde_json::from_value(json!({
@@ -130,6 +150,27 @@ mod tests {
             assert_eq!(wait.reason, expected, "{role:?}, initialized {initialized}");
             assert_eq!(wait.retry, Some(RESYNC));
         }
+    }
+
+    #[test]
+    fn a_machine_capk_provisioned_counts_as_provisioned() {
+        let status = |value: Value| serde_json::from_value::<KubevirtMachineStatus>(value).unwrap();
+        // CAPK's: v1beta1 fields only, and the providerID.
+        let capk = status(json!({ "ready": true }));
+        assert!(initially_provisioned(
+            Some(&capk),
+            Some("kubevirt://worker-1")
+        ));
+        assert!(!initially_provisioned(Some(&capk), None));
+        assert!(!initially_provisioned(None, None));
+        // Tenantry's record wins.
+        let ours = status(json!({ "ready": false, "initialization": { "provisioned": false } }));
+        assert!(!initially_provisioned(
+            Some(&ours),
+            Some("kubevirt://worker-1")
+        ));
+        let ours = status(json!({ "ready": true, "initialization": { "provisioned": true } }));
+        assert!(initially_provisioned(Some(&ours), None));
     }
 
     #[test]
