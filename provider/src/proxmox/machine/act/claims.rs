@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use tenantry_api::contract::CLUSTER_NAME_LABEL;
 use tenantry_api::generated::capi::ip_address::IpAddress;
 use tenantry_api::generated::capi::ip_address_claim::{
@@ -86,6 +86,7 @@ pub async fn ensure_addresses(
                 }
             }
         };
+        let claim = adopt_claim(&claims, claim, machine).await?;
         if claim.metadata.deletion_timestamp.is_some() {
             // Released (an address conflict, or a deletion under way): its
             // address is not this machine's any more; a new claim is made
@@ -156,6 +157,46 @@ pub async fn ensure_addresses(
             pending.join(", ")
         )))
     }
+}
+
+/// Labels a claim of the machine's that lacks the machine label: capmox
+/// names its claims as tenantry does and owns them by the ProxmoxMachine,
+/// but does not label them. Labelled, a claim taken over from capmox is in
+/// the controller's store, wakes the machine when it changes, and is
+/// released when the machine is deleted, like one tenantry made. A claim
+/// the machine does not own is left as it is.
+async fn adopt_claim(
+    api: &Api<IpAddressClaim>,
+    claim: IpAddressClaim,
+    machine: &ProxmoxMachine,
+) -> kube::Result<IpAddressClaim> {
+    let name = machine.metadata.name.as_deref().unwrap_or_default();
+    let labelled = claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MACHINE_LABEL))
+        .is_some_and(|m| m == name);
+    let owned = claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| Some(&o.uid) == machine.metadata.uid.as_ref());
+    if labelled || !owned || claim.metadata.deletion_timestamp.is_some() {
+        return Ok(claim);
+    }
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({ "metadata": { "labels": { MACHINE_LABEL: name } } });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let adopted = api
+        .patch(&claim_name, &params, &Patch::Merge(&patch))
+        .await?;
+    tracing::info!(machine = %name, claim = %claim_name, "adopted IPAddressClaim");
+    Ok(adopted)
 }
 
 /// Deletes the machine's IPAddressClaims; returns those not yet released
