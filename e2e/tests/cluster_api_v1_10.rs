@@ -5,20 +5,29 @@
 //! that mode). Everything is written as an operator on that platform writes
 //! it, in v1beta1; the manager scales a MachineDeployment of KubeVirt
 //! workers, its MachineHealthCheck replaces an unhealthy one, and deleting
-//! the Cluster leaves nothing behind. The management apiserver's audit log
-//! then shows that no request ever named `cluster.x-k8s.io/v1beta2`: such a
-//! request answers 404, which a read would take for "absent".
+//! the Cluster leaves nothing behind. A second world wires tenantry's
+//! reboot-first remediation into a v1beta1 MachineHealthCheck
+//! (`spec.remediationTemplate`): Cluster API v1.10 creates the
+//! KubevirtRemediation, tenantry restarts the VM in place, and the Machine
+//! stays. After either scenario the management apiserver's audit log shows
+//! that no request ever named `cluster.x-k8s.io/v1beta2`: such a request
+//! answers 404, which a read would take for "absent".
 //!
 //! The same scenarios against the pinned Cluster API (v1beta2) are in
 //! `machine_deployments.rs`.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
-use serde_json::json;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde_json::{Value, json};
+use tenantry_api::remediation::{KubevirtRemediation, RemediationPhase};
 use tenantry_e2e::bench::resource;
 use tenantry_e2e::cluster_api::ClusterApiRelease;
 use tenantry_e2e::fixtures;
@@ -37,6 +46,7 @@ const BOOTSTRAP_SECRET: &str = "demo-talos-worker";
 const KUBERNETES_VERSION: &str = "v1.35.0";
 const TALOS: &str = "v1.13.0";
 const V1BETA1: &str = "cluster.x-k8s.io/v1beta1";
+const REMEDIATION_TEMPLATE: &str = "reboot-first";
 
 fn capi(kind: &str, plural: &str) -> ApiResource {
     resource("cluster.x-k8s.io", "v1beta1", kind, plural)
@@ -267,28 +277,34 @@ async fn scale(world: &World, tenant: &TenantCluster, replicas: usize) -> BTreeS
 }
 
 /// A v1beta1 MachineHealthCheck: Ready False or Unknown for 5 s is
-/// unhealthy, at most half the pool is remediated.
-async fn create_health_check(world: &World) {
-    world
-        .create(
-            NAMESPACE,
-            json!({
-                "apiVersion": V1BETA1,
-                "kind": "MachineHealthCheck",
-                "metadata": { "name": DEPLOYMENT },
-                "spec": {
-                    "clusterName": CLUSTER,
-                    "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
-                    "maxUnhealthy": "50%",
-                    "nodeStartupTimeout": "10m",
-                    "unhealthyConditions": [
-                        { "type": "Ready", "status": "False", "timeout": "5s" },
-                        { "type": "Ready", "status": "Unknown", "timeout": "5s" }
-                    ]
-                }
-            }),
-        )
-        .await;
+/// unhealthy, at most half the pool is remediated. Cluster API remediates
+/// by deleting the Machine, or, given `remediation_template`, by creating a
+/// KubevirtRemediation from the KubevirtRemediationTemplate of that name
+/// (v1beta1's `spec.remediationTemplate`, an object reference).
+async fn create_health_check(world: &World, remediation_template: Option<&str>) {
+    let mut health_check = json!({
+        "apiVersion": V1BETA1,
+        "kind": "MachineHealthCheck",
+        "metadata": { "name": DEPLOYMENT },
+        "spec": {
+            "clusterName": CLUSTER,
+            "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
+            "maxUnhealthy": "50%",
+            "nodeStartupTimeout": "10m",
+            "unhealthyConditions": [
+                { "type": "Ready", "status": "False", "timeout": "5s" },
+                { "type": "Ready", "status": "Unknown", "timeout": "5s" }
+            ]
+        }
+    });
+    if let Some(template) = remediation_template {
+        health_check["spec"]["remediationTemplate"] = json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KubevirtRemediationTemplate",
+            "name": template,
+        });
+    }
+    world.create(NAMESPACE, health_check).await;
 }
 
 async fn healthy_count(world: &World, expected: i64) {
@@ -366,43 +382,9 @@ async fn delete_cluster(world: &World) {
     }
 }
 
-#[tokio::test]
-async fn workers_scale_heal_and_go_under_cluster_api_v1_10() {
-    let world = start().await;
-    let served = tenantry_provider::capi::CapiGeneration::discover(&world.client())
-        .await
-        .expect("discovery");
-    assert_eq!(
-        served,
-        Some(tenantry_provider::capi::CapiGeneration::V1beta1),
-        "Cluster API v1.10 serves v1beta1 only"
-    );
-    let tenant = create_cluster(&world).await;
-    create_workers(&world, 2).await;
-    wait_workers(&world, &tenant, "2 workers", |w| w.len() == 2).await;
-    let three = scale(&world, &tenant, 3).await;
-
-    // One worker's Node goes NotReady: Cluster API v1.10 deletes its
-    // Machine, tenantry its VM, and a new worker joins.
-    create_health_check(&world).await;
-    healthy_count(&world, 3).await;
-    let sick = three.iter().next().expect("a worker").clone();
-    world.nodes().inject_fault(&sick, NodeFault::NotReady);
-    let healed = wait_workers(&world, &tenant, &format!("{sick} to be replaced"), |w| {
-        w.len() == 3 && !w.contains(&sick)
-    })
-    .await;
-    world.nodes().clear_fault(&sick);
-    assert_eq!(
-        healed.intersection(&three).count(),
-        2,
-        "only the unhealthy worker was replaced"
-    );
-    healthy_count(&world, 3).await;
-
-    scale(&world, &tenant, 1).await;
-    delete_cluster(&world).await;
-
+/// The management apiserver's audit log: no request named
+/// `cluster.x-k8s.io/v1beta2`, and tenantry did read Machines as v1beta1.
+fn assert_no_v1beta2_request(world: &World) {
     let audit = world
         .control_plane()
         .audit_events()
@@ -436,4 +418,298 @@ async fn workers_scale_heal_and_go_under_cluster_api_v1_10() {
         watched_v1beta1_machines,
         "tenantry's Machine watch is in the audit log"
     );
+}
+
+#[tokio::test]
+async fn workers_scale_heal_and_go_under_cluster_api_v1_10() {
+    let world = start().await;
+    let served = tenantry_provider::capi::CapiGeneration::discover(&world.client())
+        .await
+        .expect("discovery");
+    assert_eq!(
+        served,
+        Some(tenantry_provider::capi::CapiGeneration::V1beta1),
+        "Cluster API v1.10 serves v1beta1 only"
+    );
+    let tenant = create_cluster(&world).await;
+    create_workers(&world, 2).await;
+    wait_workers(&world, &tenant, "2 workers", |w| w.len() == 2).await;
+    let three = scale(&world, &tenant, 3).await;
+
+    // One worker's Node goes NotReady: Cluster API v1.10 deletes its
+    // Machine, tenantry its VM, and a new worker joins.
+    create_health_check(&world, None).await;
+    healthy_count(&world, 3).await;
+    let sick = three.iter().next().expect("a worker").clone();
+    world.nodes().inject_fault(&sick, NodeFault::NotReady);
+    let healed = wait_workers(&world, &tenant, &format!("{sick} to be replaced"), |w| {
+        w.len() == 3 && !w.contains(&sick)
+    })
+    .await;
+    world.nodes().clear_fault(&sick);
+    assert_eq!(
+        healed.intersection(&three).count(),
+        2,
+        "only the unhealthy worker was replaced"
+    );
+    healthy_count(&world, 3).await;
+
+    scale(&world, &tenant, 1).await;
+    delete_cluster(&world).await;
+
+    assert_no_v1beta2_request(&world);
+}
+
+fn virtual_machine_instances() -> ApiResource {
+    resource(
+        "kubevirt.io",
+        "v1",
+        "VirtualMachineInstance",
+        "virtualmachineinstances",
+    )
+}
+
+/// The UID of the running (not deleting) VMI of the VM `name`, once there
+/// is one.
+async fn running_vmi(world: &World, name: &str) -> String {
+    let vmis = dynamic(world, &virtual_machine_instances());
+    wait::until(format!("a running VMI {name}"), DEADLINE, || {
+        let vmis = vmis.clone();
+        async move {
+            let uid = vmis.get_opt(name).await?.and_then(|vmi| {
+                let running = vmi.metadata.deletion_timestamp.is_none()
+                    && vmi.data["status"]["phase"] == "Running";
+                vmi.metadata.uid.filter(|_| running)
+            });
+            Ok(uid)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| world.fail(e))
+}
+
+/// Every version of the KubevirtRemediation `name` the apiserver
+/// announces, the last one included (a watch's DELETED event carries it),
+/// recorded in the background: the remediation lives only from the health
+/// check's failure to its success, which a poll could miss.
+fn record_remediation(world: &World, name: &str) -> Arc<Mutex<Vec<KubevirtRemediation>>> {
+    let versions = Arc::new(Mutex::new(Vec::new()));
+    let api: Api<KubevirtRemediation> = world.api(NAMESPACE);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let recorded = versions.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(api, config).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            if let Ok(
+                watcher::Event::Apply(remediation)
+                | watcher::Event::InitApply(remediation)
+                | watcher::Event::Delete(remediation),
+            ) = event
+            {
+                recorded.lock().expect("versions").push(remediation);
+            }
+        }
+    });
+    versions
+}
+
+fn v1beta1_condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    object.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+/// Reboot first under Cluster API v1.10: a v1beta1 MachineHealthCheck whose
+/// `spec.remediationTemplate` names a KubevirtRemediationTemplate. A
+/// worker whose kubelet is wedged until the next boot fails its health
+/// check; Cluster API creates a KubevirtRemediation owned by the Machine,
+/// tenantry restarts the VM (a new instance, the same VM), the Node turns
+/// Ready, and Cluster API deletes the remediation. The Machine is the same
+/// one throughout, and nothing was replaced.
+#[tokio::test]
+async fn health_check_reboots_a_worker_in_place_under_cluster_api_v1_10() {
+    let world = start().await;
+    let tenant = create_cluster(&world).await;
+    create_workers(&world, 2).await;
+    let workers = wait_workers(&world, &tenant, "2 workers", |w| w.len() == 2).await;
+    world
+        .create(
+            NAMESPACE,
+            json!({
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+                "kind": "KubevirtRemediationTemplate",
+                "metadata": { "name": REMEDIATION_TEMPLATE },
+                "spec": { "template": { "spec": { "strategy": { "type": "Reboot", "retryLimit": 1, "timeout": "3m" } } } }
+            }),
+        )
+        .await;
+    create_health_check(&world, Some(REMEDIATION_TEMPLATE)).await;
+    healthy_count(&world, 2).await;
+
+    let mut names = workers.iter();
+    let (sick, well) = (
+        names.next().expect("a worker").clone(),
+        names.next().expect("a second worker").clone(),
+    );
+    let machines = dynamic(&world, &capi("Machine", "machines"));
+    let machine = machines
+        .list(&ListParams::default())
+        .await
+        .expect("list Machines")
+        .items
+        .into_iter()
+        .find(|m| m.data["status"]["nodeRef"]["name"] == sick.as_str())
+        .unwrap_or_else(|| panic!("the Machine of Node {sick}"));
+    let machine_name = machine.metadata.name.clone().expect("Machine name");
+    let machine_uid = machine.metadata.uid.clone().expect("Machine UID");
+    let virtual_machines = dynamic(
+        &world,
+        &resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
+    );
+    let vm_uid = virtual_machines.get(&sick).await.expect("VM").metadata.uid;
+    let first_boot = running_vmi(&world, &sick).await;
+    let well_boot = running_vmi(&world, &well).await;
+    let versions = record_remediation(&world, &machine_name);
+
+    world
+        .nodes()
+        .inject_fault(&sick, NodeFault::NotReadyUntilReboot);
+    let remediations: Api<KubevirtRemediation> = world.api(NAMESPACE);
+    wait::until(
+        format!("the remediation of {machine_name} to come and go"),
+        DEADLINE,
+        || {
+            let (remediations, versions, machine_name) = (&remediations, &versions, &machine_name);
+            async move {
+                let seen = !versions.lock().expect("versions").is_empty();
+                let gone = remediations.get_opt(machine_name).await?.is_none();
+                Ok((seen && gone).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        let versions = versions.lock().expect("versions");
+        world.fail(e.context(format!(
+            "remediation as last seen: {:?}",
+            versions.last().map(|r| &r.status)
+        )))
+    });
+
+    let versions = versions.lock().expect("versions").clone();
+    let created = versions.first().expect("the remediation as created");
+    let owner = created
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Machine")
+        .expect("owned by its Machine");
+    assert_eq!(
+        (
+            owner.api_version.as_str(),
+            owner.name.as_str(),
+            owner.uid.as_str()
+        ),
+        (V1BETA1, machine_name.as_str(), machine_uid.as_str()),
+        "Cluster API v1.10 made it for the Machine"
+    );
+    assert_eq!(
+        created
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("cluster.x-k8s.io/cloned-from-name"))
+            .map(String::as_str),
+        Some(REMEDIATION_TEMPLATE)
+    );
+    assert_eq!(
+        created.spec.strategy.timeout, "3m",
+        "cloned from the template"
+    );
+    // The last word before Cluster API deleted it: one restart, of the
+    // instance that ran, waiting for the Node.
+    let status = versions
+        .last()
+        .and_then(|r| r.status.clone())
+        .expect("a status");
+    assert_eq!(status.phase, Some(RemediationPhase::Waiting), "{status:?}");
+    assert_eq!(status.retry_count, Some(1), "{status:?}");
+    assert_eq!(
+        status.virtual_machine_instance_uid.as_deref(),
+        Some(first_boot.as_str())
+    );
+    let remediated = fixtures::condition(&status.conditions, "Remediated").expect("Remediated");
+    assert_eq!(
+        (remediated.status.as_str(), remediated.reason.as_str()),
+        ("False", "WaitingForNodeHealthy"),
+        "{remediated:?}"
+    );
+    let events = Api::<Event>::namespaced(world.client(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("list Events");
+    assert!(
+        events.items.iter().any(|e| {
+            e.reason.as_deref() == Some("Rebooted")
+                && e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("KubevirtRemediation")
+                        && r.name.as_deref() == Some(machine_name.as_str())
+                })
+        }),
+        "a Rebooted event on the remediation"
+    );
+
+    // The same Machine, healthy again, on a restarted VM.
+    let healthy = wait::until(
+        format!("Machine {machine_name} to pass its health check"),
+        DEADLINE,
+        || {
+            let (machines, machine_name) = (&machines, &machine_name);
+            async move {
+                let machine = machines.get(machine_name).await?;
+                let passed = v1beta1_condition(&machine, "HealthCheckSucceeded")
+                    .is_some_and(|c| c["status"] == "True");
+                Ok(passed.then_some(machine))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| world.fail(e));
+    assert_eq!(healthy.metadata.uid.as_deref(), Some(machine_uid.as_str()));
+    assert!(healthy.metadata.deletion_timestamp.is_none());
+    let node = Api::<Node>::all(tenant.client.clone())
+        .get(&sick)
+        .await
+        .expect("Node");
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status);
+    assert_eq!(ready.as_deref(), Some("True"), "Node {sick} is Ready");
+    assert!(
+        !world.nodes().faults().contains_key(&sick),
+        "the reboot cured the kubelet"
+    );
+    let second_boot = running_vmi(&world, &sick).await;
+    assert_ne!(second_boot, first_boot, "the VM was restarted");
+    assert_eq!(
+        virtual_machines.get(&sick).await.expect("VM").metadata.uid,
+        vm_uid,
+        "the same VM"
+    );
+    assert_eq!(
+        running_vmi(&world, &well).await,
+        well_boot,
+        "the healthy worker was left alone"
+    );
+    let after = wait_workers(&world, &tenant, "the same 2 workers", |w| w.len() == 2).await;
+    assert_eq!(after, workers, "nothing was replaced");
+    healthy_count(&world, 2).await;
+
+    assert_no_v1beta2_request(&world);
 }
