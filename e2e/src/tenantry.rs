@@ -123,6 +123,12 @@ impl TenantryManager {
         Ok(manager)
     }
 
+    /// Whether the manager has stopped by itself (a controller failing
+    /// for good, or asking to be restarted), as a process exits.
+    pub fn has_stopped(&self) -> bool {
+        self.task.as_ref().is_some_and(|task| task.is_finished())
+    }
+
     /// Aborts the manager, as a crash would.
     pub fn kill(&mut self) {
         if let Some(task) = self.task.take() {

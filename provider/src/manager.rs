@@ -56,25 +56,25 @@ pub async fn run_elected(
     };
     let lead = async {
         let Some(election) = election else {
-            controllers(&client, &config).await;
-            return Ok(());
+            return controllers(&client, &config).await;
         };
         let leading = crate::metrics::global();
         leading.set_leader(&election.name, false);
         let lease = election.name.clone();
         let mut leadership = leader::acquire(client.clone(), election).await?;
         leading.set_leader(&lease, true);
-        let lost = tokio::select! {
-            _ = controllers(&client, &config) => None,
-            lost = leadership.lost() => Some(lost),
+        let outcome = tokio::select! {
+            stopped = controllers(&client, &config) => Ok(stopped),
+            lost = leadership.lost() => Err(lost),
         };
-        match lost {
-            // Shutdown: hand over at once instead of after the Lease expires.
-            None => {
+        match outcome {
+            // Shutdown, or a restart asked for: hand over at once instead
+            // of after the Lease expires.
+            Ok(stopped) => {
                 leadership.release().await;
-                Ok(())
+                stopped
             }
-            Some(lost) => Err(anyhow::anyhow!("leader election lost: {lost}")),
+            Err(lost) => Err(anyhow::anyhow!("leader election lost: {lost}")),
         }
     };
     tokio::select! {
@@ -86,8 +86,11 @@ pub async fn run_elected(
 
 /// Every controller; completes on shutdown. The template capacity
 /// controllers start at once (they read and write only tenantry's
-/// templates); the rest once Cluster API is served, in its version.
-async fn controllers(client: &kube::Client, config: &ManagerConfig) {
+/// templates); the rest once Cluster API is served, in its version. Fails
+/// when Cluster API starts serving another generation: every cache and
+/// watch is in the old one, so the process exits and its restart (the
+/// Deployment's) reads the new one.
+async fn controllers(client: &kube::Client, config: &ManagerConfig) -> anyhow::Result<()> {
     let templates = |controller: &str| {
         // Never reads Cluster API kinds: the generation is not looked at.
         Context::new(
@@ -101,20 +104,35 @@ async fn controllers(client: &kube::Client, config: &ManagerConfig) {
         let capi = CapiGeneration::wait_until_served(client).await;
         let context =
             |controller: &str| Context::new(client.clone(), config.clone(), capi, controller);
+        let running = async {
+            tokio::join!(
+                crate::kubevirt::cluster::run(context("kubevirtcluster")),
+                crate::kubevirt::machine::run(context("kubevirtmachine")),
+                crate::proxmox::cluster::run(context("proxmoxcluster")),
+                crate::proxmox::machine::run(context("proxmoxmachine")),
+                crate::remediation::run_kubevirt(context("kubevirtremediation")),
+                crate::remediation::run_proxmox(context("proxmoxremediation")),
+                crate::tenant::run(context("kubernetes")),
+                crate::tenant::kubernetes_nodes::controller::run(context("kubernetesnodes")),
+            )
+        };
+        tokio::select! {
+            _ = running => Ok(()),
+            served = CapiGeneration::changed_from(client, capi) => Err(anyhow::anyhow!(
+                "Cluster API now serves {} instead of {}: restarting to read it",
+                served.version(),
+                capi.version()
+            )),
+        }
+    };
+    let templates_running = async {
         tokio::join!(
-            crate::kubevirt::cluster::run(context("kubevirtcluster")),
-            crate::kubevirt::machine::run(context("kubevirtmachine")),
-            crate::proxmox::cluster::run(context("proxmoxcluster")),
-            crate::proxmox::machine::run(context("proxmoxmachine")),
-            crate::remediation::run_kubevirt(context("kubevirtremediation")),
-            crate::remediation::run_proxmox(context("proxmoxremediation")),
-            crate::tenant::run(context("kubernetes")),
-            crate::tenant::kubernetes_nodes::controller::run(context("kubernetesnodes")),
+            template_capacity::run::<KubevirtMachineTemplate>(templates("kubevirtmachinetemplate")),
+            template_capacity::run::<ProxmoxMachineTemplate>(templates("proxmoxmachinetemplate")),
         );
     };
-    tokio::join!(
-        template_capacity::run::<KubevirtMachineTemplate>(templates("kubevirtmachinetemplate")),
-        template_capacity::run::<ProxmoxMachineTemplate>(templates("proxmoxmachinetemplate")),
-        capi_controllers,
-    );
+    tokio::select! {
+        stopped = capi_controllers => stopped,
+        _ = templates_running => Ok(()),
+    }
 }

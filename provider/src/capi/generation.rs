@@ -119,6 +119,26 @@ impl CapiGeneration {
     }
 }
 
+/// How often a running manager asks which generation is served.
+const RECHECK: Duration = Duration::from_secs(30);
+
+impl CapiGeneration {
+    /// Returns once discovery says another generation than `current` is
+    /// served (Cluster API upgraded from v1.10 to v1.11 or later, or
+    /// downgraded), for the manager to start over in it. A failed discovery
+    /// or a missing group is not a change: Cluster API may be mid-upgrade.
+    pub async fn changed_from(client: &kube::Client, current: Self) -> Self {
+        loop {
+            tokio::time::sleep(RECHECK).await;
+            if let Ok(Some(served)) = Self::discover(client).await
+                && served != current
+            {
+                return served;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
